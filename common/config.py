@@ -1,0 +1,99 @@
+"""The configuration tree: one frozen dataclass per concern, built once at the entry point.
+
+Nothing here reads the environment or the command line; `control_plane.cli` does that and builds
+these objects. Values discovered at run time (the number of KV blocks that fit, the model's shape)
+are returned as their own objects by the code that discovers them, never written back here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range or inconsistent; the message says which."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to load and how."""
+
+    # A Hugging Face directory (config.json + *.safetensors) or a .gguf file; None = default model.
+    path: str | None = None
+    # "auto" = bfloat16 on CPU, float16 on CUDA. float32 gives exact agreement with transformers.
+    dtype: str = "auto"
+    device: str = "cpu"
+    # Context limit in tokens; None = the checkpoint's max_position_embeddings.
+    max_model_len: int | None = None
+    # Where converted weights (GGUF -> safetensors) are cached; outside the repository.
+    cache_dir: str = "~/.cache/splitserve"
+    # torch intra-op threads for this process; None leaves torch's default.
+    num_threads: int | None = None
+    # Name the API reports in /v1/models; None = derived from the path.
+    served_name: str | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")
+        _require(self.num_threads is None or self.num_threads > 0, "num_threads must be > 0")
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser()
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "float16" if self.device.startswith("cuda") else "bfloat16"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache of one instance."""
+
+    block_size: int = 16
+    # Number of KV blocks; None = as many as fit in memory_gib.
+    num_blocks: int | None = None
+    memory_gib: float = 1.0
+    # Allocate the KV tensor in POSIX shared memory so a same-host peer can map it (shm transfer).
+    shared_memory: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+                 f"block_size must be a power of two, got {self.block_size}")
+        _require(self.num_blocks is None or self.num_blocks > 0, "num_blocks must be > 0")
+        _require(self.memory_gib > 0, "memory_gib must be > 0")
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Per-forward limits shared by every scheduler."""
+
+    max_num_seqs: int = 128
+    # Tokens per forward: ChunkSize for prefill instances, the token budget for coupled ones.
+    max_num_batched_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        _require(self.max_num_seqs > 0, "max_num_seqs must be > 0")
+        _require(self.max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything one loaded model needs: weights, KV cache and batch limits."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    seed: int = 0
+
+    def with_model(self, **changes) -> "EngineConfig":
+        return replace(self, model=replace(self.model, **changes))

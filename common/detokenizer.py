@@ -1,0 +1,87 @@
+"""Incremental detokenization and stop strings, for streams of generated token ids.
+
+`IncrementalDetokenizer` turns token ids into text deltas whose concatenation equals decoding all
+ids at once. It keeps a small window (prefix_offset..read_offset) and withholds text while the
+window ends in an incomplete UTF-8 character (decoded as U+FFFD), so a multi-byte character split
+across tokens is emitted whole, once.
+
+`StopStringMatcher` finds stop strings in the accumulated text; while the text's tail could still
+become a stop string, that tail is held back from the stream.
+"""
+
+from __future__ import annotations
+
+from common.tokenizer import TextTokenizer
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: TextTokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+
+    def _decode(self, start: int, end: int | None = None) -> str:
+        return self.tokenizer.decode(self.token_ids[start:end], self.skip_special_tokens)
+
+    def push(self, token_ids: list[int]) -> str:
+        """Add generated tokens; return the text that became final."""
+        self.token_ids.extend(token_ids)
+        prefix_text = self._decode(self.prefix_offset, self.read_offset)
+        new_text = self._decode(self.prefix_offset)
+        if len(new_text) <= len(prefix_text) or new_text.endswith(_REPLACEMENT):
+            return ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        return new_text[len(prefix_text):]
+
+    def flush(self) -> str:
+        """At the end of the stream: whatever is still withheld (it may hold U+FFFD)."""
+        prefix_text = self._decode(self.prefix_offset, self.read_offset)
+        new_text = self._decode(self.prefix_offset)
+        self.prefix_offset = self.read_offset = len(self.token_ids)
+        return new_text[len(prefix_text):] if new_text.startswith(prefix_text) else ""
+
+
+class StopStringMatcher:
+    def __init__(self, stop: tuple[str, ...] | list[str]) -> None:
+        self.stop = tuple(s for s in stop if s)
+        self.text = ""
+        self.emitted = 0  # characters of `text` already released to the client
+        self.stopped = False
+
+    def push(self, delta: str) -> str:
+        """Add text; return what can be released now. After a stop string, returns ""."""
+        if self.stopped or not delta:
+            return ""
+        search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        self.text += delta
+        cut = min((i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self.text = self.text[:cut]
+            return self._release(len(self.text))
+        return self._release(len(self.text) - self._held_back())
+
+    def finish(self) -> str:
+        """At the end of the stream: release what was held back."""
+        return "" if self.stopped else self._release(len(self.text))
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+        longest = 0
+        for stop in self.stop:
+            for size in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:size]):
+                    longest = size
+                    break
+        return longest
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, self.emitted)
+        released, self.emitted = self.text[self.emitted:upto], upto
+        return released

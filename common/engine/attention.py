@@ -1,0 +1,143 @@
+"""Attention over the paged KV cache: the per-forward context every attention layer calls.
+
+A forward's flat batch is a list of segments, one per sequence: `num_tokens` query tokens whose
+positions start at `num_cached` (the tokens already in the KV cache). Decode segments
+(num_tokens == 1) come first in the batch, prefill chunks after them:
+
+    rows:  | d0 | d1 | ... | d(n-1) | chunk of seq A ......... | chunk of seq B .... |
+           '----- decode tokens ----'------------- prefill chunks -----------------'
+
+Each layer first writes the new keys/values into their slots, then attends:
+- one-token segments (decodes) as one batched call: every sequence's blocks are gathered into a padded
+  [B, L] view and masked past its length; grouped-query heads are folded into the query axis so
+  no key/value is repeated;
+- each prefill chunk on its own, causally and aligned to the end of its context.
+
+`TorchAttention` runs on any device; `common.engine.attention_flash` replaces it on CUDA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from common.engine.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One sequence's share of a forward."""
+
+    start: int  # row of its first token in the flat batch
+    num_tokens: int  # query tokens computed in this forward
+    num_cached: int  # tokens already in the KV cache before this forward
+    block_ids: list[int]
+    store: bool = True  # False for padding rows: computed, never written to the cache
+
+    @property
+    def num_context(self) -> int:
+        return self.num_cached + self.num_tokens
+
+
+def slot_mapping(segments: list[Segment], block_size: int) -> list[int]:
+    """The KV slot (block_id * block_size + offset) of every token in the flat batch."""
+    slots: list[int] = []
+    for seg in segments:
+        if not seg.store:
+            continue
+        for pos in range(seg.num_cached, seg.num_context):
+            slots.append(seg.block_ids[pos // block_size] * block_size + pos % block_size)
+    return slots
+
+
+class TorchAttention:
+    """Attention with torch's scaled_dot_product_attention, built once per forward."""
+
+    def __init__(self, segments: list[Segment], kv_cache: KVCache) -> None:
+        device = kv_cache.device
+        self.kv_cache = kv_cache
+        block_size = kv_cache.layout.block_size
+        self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
+                                  device=device)
+        decodes = _leading_single_token(segments)
+        self.num_decode = len(decodes)
+        self.decode_blocks = self.decode_mask = None
+        if decodes:
+            self._build_decode(decodes, block_size, device)
+        self.prefills = [self._build_prefill(s, block_size, device)
+                         for s in segments[self.num_decode:]]
+
+    def _build_decode(self, decodes: list[Segment], block_size: int, device) -> None:
+        max_blocks = max(-(-s.num_context // block_size) for s in decodes)
+        table = [s.block_ids[:max_blocks] + [0] * (max_blocks - len(s.block_ids[:max_blocks]))
+                 for s in decodes]
+        self.decode_blocks = torch.tensor(table, dtype=torch.long, device=device)
+        lengths = torch.tensor([s.num_context for s in decodes], device=device)
+        span = max_blocks * block_size
+        if bool((lengths == span).all()):
+            return  # no padding, no mask
+        mask = torch.arange(span, device=device)[None, :] < lengths[:, None]
+        self.decode_mask = mask[:, None, None, :]  # [B, 1, 1, L]
+
+    @staticmethod
+    def _build_prefill(seg: Segment, block_size: int, device):
+        if seg.num_cached == 0:
+            return seg, None, None  # attends only to its own new tokens: plain causal
+        num_blocks = -(-seg.num_context // block_size)
+        blocks = torch.tensor(seg.block_ids[:num_blocks], dtype=torch.long, device=device)
+        key_pos = torch.arange(seg.num_context, device=device)
+        query_pos = torch.arange(seg.num_cached, seg.num_context, device=device)
+        return seg, blocks, key_pos[None, :] <= query_pos[:, None]  # [n, context]
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 scale: float | None = None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
+        k_cache, v_cache = self.kv_cache.layer(layer_idx)  # [num_blocks, block_size, KVH, D]
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        num_stored = self.slots.shape[0]  # stored rows come first; padding rows last
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, k[:num_stored])
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, v[:num_stored])
+        out = torch.empty_like(q)
+        if self.num_decode:
+            out[: self.num_decode] = self._decode(q[: self.num_decode], k_cache, v_cache, scale)
+        for seg, blocks, mask in self.prefills:
+            rows = slice(seg.start, seg.start + seg.num_tokens)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, blocks, mask,
+                                      seg.num_context, scale)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, scale):
+        batch, num_heads, head_dim = q.shape
+        num_kv_heads = k_cache.shape[2]
+        # [B, max_blocks, block_size, KVH, D] -> [B, KVH, L, D]
+        keys = k_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
+        values = v_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
+        # Query heads of one KV group act as that group's query rows: [B, KVH, H / KVH, D]
+        grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=self.decode_mask,
+                                             scale=scale)
+        return out.reshape(batch, num_heads, head_dim)
+
+    @staticmethod
+    def _prefill(q, k, v, k_cache, v_cache, blocks, mask, num_context, scale):
+        if blocks is None:
+            keys, values, causal = k, v, True
+        else:
+            keys = k_cache[blocks].flatten(0, 1)[:num_context]
+            values = v_cache[blocks].flatten(0, 1)[:num_context]
+            causal = False
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=causal, scale=scale,
+            enable_gqa=q.shape[1] != k.shape[1])
+        return out.squeeze(0).transpose(0, 1)
+
+
+def _leading_single_token(segments: list[Segment]) -> list[Segment]:
+    """The run of one-token segments the batch starts with (decodes, or 1-token chunks)."""
+    count = 0
+    while count < len(segments) and segments[count].num_tokens == 1:
+        count += 1
+    return segments[:count]

@@ -1,0 +1,123 @@
+"""The model runner: loads one model and its KV cache, and executes `BatchPlan`s.
+
+`execute(plan)` flattens the plan's chunks into one batch (one-token segments first, see
+`common.engine.attention`), runs one forward, computes logits only for rows that are sampled, and
+samples. It never decides who runs; schedulers do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from common.config import EngineConfig
+from common.engine.attention import Segment, TorchAttention
+from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
+from common.engine.models import CausalLM, build_model
+from common.engine.sampler import Sampler
+from common.engine.weights import ResolvedModel, iter_weights, resolve_model
+from common.plan import BatchPlan, ModelOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FlatBatch:
+    """A plan flattened into rows: what one forward consumes."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    segments: list[Segment]
+    sample_rows: list[int]  # rows whose logits are sampled
+    sample_chunks: list  # the ScheduledChunk of each sampled row
+
+
+def kv_layout_for(model: CausalLM, config: EngineConfig, dtype: str) -> KVLayout:
+    shape = model.shape
+    layout = KVLayout(shape.num_layers, 1, config.cache.block_size, shape.num_kv_heads,
+                      shape.head_dim, dtype)
+    num_blocks = config.cache.num_blocks or int(config.cache.memory_gib * 2**30
+                                                // layout.bytes_per_block)
+    return layout.with_num_blocks(max(num_blocks, 1))
+
+
+def attention_backend(device: torch.device, block_size: int):
+    """flash-attn's paged varlen kernel on CUDA when installed (block_size % 256 == 0), else torch."""
+    if device.type == "cuda":
+        from common.engine import attention_flash
+
+        if attention_flash.available(block_size):
+            return attention_flash.FlashAttention
+        log.warning("flash-attn unavailable or block_size %% 256 != 0: torch attention on CUDA")
+    return TorchAttention
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None) -> None:
+        if config.model.num_threads:
+            torch.set_num_threads(config.model.num_threads)
+        self.config = config
+        self.device = torch.device(config.model.device)
+        self.resolved = resolved or resolve_model(config.model.path,
+                                                  config.model.resolved_cache_dir)
+        self.hf_config = self.resolved.read_config()
+        self.dtype_name = config.model.resolved_dtype()
+        self.model = build_model(self.hf_config, iter_weights(self.resolved.hf_dir),
+                                 DTYPE_BY_NAME[self.dtype_name], str(self.device))
+        shape = self.model.shape
+        self.max_model_len = min(config.model.max_model_len or shape.max_position_embeddings,
+                                 shape.max_position_embeddings)
+        self.kv_cache = KVCache(kv_layout_for(self.model, config, self.dtype_name), str(self.device),
+                                shared_memory=config.cache.shared_memory)
+        self.sampler = Sampler(self.device, config.seed)
+        self.attention_cls = attention_backend(self.device, config.cache.block_size)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        return self.kv_cache.layout
+
+    def flatten(self, plan: BatchPlan) -> FlatBatch:
+        # One-token chunks (decodes) first: attention batches them in one call.
+        chunks = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        segments, sample_rows, sample_chunks = [], [], []
+        for chunk in chunks:
+            start = len(input_ids)
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.num_cached, chunk.num_cached + chunk.num_tokens))
+            segments.append(Segment(start, chunk.num_tokens, chunk.num_cached, chunk.block_ids))
+            if chunk.sampling is not None:
+                sample_rows.append(len(input_ids) - 1)
+                sample_chunks.append(chunk)
+        if plan.num_padding_tokens:
+            segments.append(Segment(len(input_ids), plan.num_padding_tokens, 0, [], store=False))
+            input_ids.extend([0] * plan.num_padding_tokens)
+            positions.extend(range(plan.num_padding_tokens))
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
+        return FlatBatch(as_tensor(input_ids), as_tensor(positions), segments, sample_rows,
+                         sample_chunks)
+
+    @torch.inference_mode()
+    def execute(self, plan: BatchPlan) -> ModelOutput:
+        started = time.perf_counter()
+        batch = self.flatten(plan)
+        attention = self.attention_cls(batch.segments, self.kv_cache)
+        hidden = self.model(batch.input_ids, batch.positions, attention)
+        output = ModelOutput()
+        if batch.sample_rows:
+            logits = self.model.compute_logits(hidden[batch.sample_rows])
+            tokens = self.sampler(logits, [c.sampling for c in batch.sample_chunks],
+                                  [c.num_output_tokens for c in batch.sample_chunks])
+            for i, (chunk, token) in enumerate(zip(batch.sample_chunks, tokens)):
+                output.sampled_token_ids[chunk.seq_id] = token
+                if plan.return_logits:
+                    output.logits[chunk.seq_id] = logits[i].clone()
+        output.forward_seconds = time.perf_counter() - started
+        return output
+
+    def close(self) -> None:
+        self.kv_cache.close()

@@ -1,0 +1,52 @@
+"""The plan a scheduler hands the model runner for one forward, and what comes back.
+
+The scheduler decides (which sequences, how many tokens each, which blocks); the runner executes
+the plan without deciding anything; the scheduler then absorbs the `ModelOutput`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """One sequence's share of a forward."""
+
+    seq_id: str
+    token_ids: list[int]  # the tokens computed now (a prompt chunk, or the last sampled token)
+    num_cached: int  # tokens already in the KV cache: position of token_ids[0]
+    block_ids: list[int]  # the sequence's block table, covering num_cached + len(token_ids)
+    # Sample a token after the last one (end of prompt or decode). None = compute KV only.
+    sampling: SamplingParams | None = None
+    num_output_tokens: int = 0  # tokens generated so far: the index of the one sampled now
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    chunks: list[ScheduledChunk]
+    # Zero tokens appended to fill a fixed-size prefill chunk (TetriInfer's padding); computed,
+    # never cached or sampled.
+    num_padding_tokens: int = 0
+    return_logits: bool = False  # keep the sampled rows' logits in the output (tests, analysis)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks) + self.num_padding_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class ModelOutput:
+    sampled_token_ids: dict[str, int] = field(default_factory=dict)
+    logits: dict = field(default_factory=dict)  # seq_id -> [vocab] float32, when asked for
+    forward_seconds: float = 0.0

@@ -1,0 +1,95 @@
+"""The scheduler contract: plan a forward, absorb its output, report what changed.
+
+    plan = scheduler.schedule()                        # pure Python, no tensors
+    output = runner.execute(plan)                      # tensors only in there
+    updates = scheduler.update_from_output(plan, output)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from common.block_pool import KVCacheManager
+from common.plan import BatchPlan, ModelOutput, ScheduledChunk
+from common.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SequenceUpdate:
+    """What one forward changed for one sequence: new tokens, and whether it ended."""
+
+    seq_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length", "abort" once finished
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+class Scheduler(ABC):
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.sequences: dict[str, Sequence] = {}
+
+    @abstractmethod
+    def add(self, seq: Sequence) -> None:
+        """Accept a sequence; it runs in some later plan."""
+
+    @abstractmethod
+    def schedule(self) -> BatchPlan:
+        """The next forward. An empty plan means nothing can run now."""
+
+    @abstractmethod
+    def _drop(self, seq: Sequence) -> None:
+        """Remove a sequence from the policy's queues (it has finished or been aborted)."""
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.sequences)
+
+    def abort(self, seq_id: str) -> SequenceUpdate | None:
+        seq = self.sequences.get(seq_id)
+        if seq is None:
+            return None
+        seq.status = SequenceStatus.FINISHED_ABORTED
+        self._finish(seq)
+        return SequenceUpdate(seq_id, [], "abort", seq.num_prompt_tokens, seq.num_output_tokens)
+
+    def _finish(self, seq: Sequence) -> None:
+        self._drop(seq)
+        self.kv.free(seq.seq_id)
+        seq.block_ids = []
+        del self.sequences[seq.seq_id]
+
+    def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> list[SequenceUpdate]:
+        updates = []
+        for chunk in plan.chunks:
+            seq = self.sequences.get(chunk.seq_id)
+            if seq is None:  # aborted while its forward ran
+                continue
+            seq.num_computed_tokens = chunk.num_cached + chunk.num_tokens
+            token = output.sampled_token_ids.get(chunk.seq_id)
+            if token is None:
+                continue
+            seq.append_token(token)
+            updates.append(SequenceUpdate(seq.seq_id, [token], seq.finish_reason,
+                                          seq.num_prompt_tokens, seq.num_output_tokens))
+            if seq.is_finished:
+                self._finish(seq)
+        return updates
+
+    def make_chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk | None:
+        """Grow the sequence's blocks for `num_tokens` more tokens and describe that chunk, or
+        None when the pool is short. The chunk samples when it completes the sequence's tokens."""
+        start = seq.num_computed_tokens
+        blocks = self.kv.grow(seq.seq_id, start + num_tokens)
+        if blocks is None:
+            return None
+        seq.block_ids = blocks
+        completes = start + num_tokens == seq.num_tokens
+        return ScheduledChunk(seq.seq_id, seq.token_ids[start:start + num_tokens], start,
+                              list(blocks), seq.sampling if completes else None,
+                              seq.num_output_tokens)
+
+    def check_integrity(self) -> None:
+        self.kv.check_integrity(self.sequences)
