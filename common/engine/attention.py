@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from common.engine.kv_cache import KVCache
+from common.engine.ops import TorchOps
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,10 @@ def slot_mapping(segments: list[Segment], block_size: int) -> list[int]:
 class TorchAttention:
     """Attention with torch's scaled_dot_product_attention, built once per forward."""
 
-    def __init__(self, segments: list[Segment], kv_cache: KVCache) -> None:
+    def __init__(self, segments: list[Segment], kv_cache: KVCache, ops: TorchOps) -> None:
         device = kv_cache.device
         self.kv_cache = kv_cache
+        self.ops = ops
         block_size = kv_cache.layout.block_size
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
@@ -73,8 +75,12 @@ class TorchAttention:
         max_blocks = max(-(-s.num_context // block_size) for s in decodes)
         table = [s.block_ids[:max_blocks] + [0] * (max_blocks - len(s.block_ids[:max_blocks]))
                  for s in decodes]
-        self.decode_blocks = torch.tensor(table, dtype=torch.long, device=device)
         lengths = torch.tensor([s.num_context for s in decodes], device=device)
+        if self.ops.has_decode_kernel:  # the kernel reads blocks in place: table + lengths
+            self.decode_table = torch.tensor(table, dtype=torch.long, device=device)
+            self.decode_lengths = lengths
+            return
+        self.decode_blocks = torch.tensor(table, dtype=torch.long, device=device).flatten()
         span = max_blocks * block_size
         if bool((lengths == span).all()):
             return  # no padding, no mask
@@ -108,25 +114,34 @@ class TorchAttention:
                                       seg.num_context, scale)
         return out
 
+    def _gather(self, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+        """Rows of whole blocks: [len(blocks) * block_size, KVH, D] (one memcpy per block)."""
+        num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+        rows = cache.view(num_blocks, -1).index_select(0, blocks)
+        return rows.view(-1, num_kv_heads, head_dim)
+
     def _decode(self, q, k_cache, v_cache, scale):
+        if self.ops.has_decode_kernel:
+            return self.ops.paged_decode_attention(q, k_cache, v_cache, self.decode_table,
+                                                   self.decode_lengths, scale)
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
-        # [B, max_blocks, block_size, KVH, D] -> [B, KVH, L, D]
-        keys = k_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
-        values = v_cache[self.decode_blocks].flatten(1, 2).transpose(1, 2)
+        # [B * max_blocks * block_size, KVH, D] -> [B, KVH, L, D]
+        keys = self._gather(k_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
+        values = self._gather(v_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
+        keys, values = keys.transpose(1, 2), values.transpose(1, 2)
         # Query heads of one KV group act as that group's query rows: [B, KVH, H / KVH, D]
         grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
         out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=self.decode_mask,
                                              scale=scale)
         return out.reshape(batch, num_heads, head_dim)
 
-    @staticmethod
-    def _prefill(q, k, v, k_cache, v_cache, blocks, mask, num_context, scale):
+    def _prefill(self, q, k, v, k_cache, v_cache, blocks, mask, num_context, scale):
         if blocks is None:
             keys, values, causal = k, v, True
         else:
-            keys = k_cache[blocks].flatten(0, 1)[:num_context]
-            values = v_cache[blocks].flatten(0, 1)[:num_context]
+            keys = self._gather(k_cache, blocks)[:num_context]
+            values = self._gather(v_cache, blocks)[:num_context]
             causal = False
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),

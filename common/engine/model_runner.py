@@ -17,8 +17,11 @@ from common.config import EngineConfig
 from common.engine.attention import Segment, TorchAttention
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
 from common.engine.models import CausalLM, build_model
+from common.engine.models.layers import can_pack
+from common.engine.ops import make_ops
 from common.engine.sampler import Sampler
-from common.engine.weights import ResolvedModel, iter_weights, resolve_model
+from common.engine.weights import iter_weights
+from common.model_files import ResolvedModel, resolve_model
 from common.plan import BatchPlan, ModelOutput
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,11 @@ class ModelRunner:
         self.dtype_name = config.model.resolved_dtype()
         self.model = build_model(self.hf_config, iter_weights(self.resolved.hf_dir),
                                  DTYPE_BY_NAME[self.dtype_name], str(self.device))
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        dtype = DTYPE_BY_NAME[self.dtype_name]
+        if can_pack(dtype, self.device):
+            self.model.pack_for_cpu()
+        self.model.ops = make_ops(dtype, self.device, config.model.cache_dir)
         shape = self.model.shape
         self.max_model_len = min(config.model.max_model_len or shape.max_position_embeddings,
                                  shape.max_position_embeddings)
@@ -105,7 +113,7 @@ class ModelRunner:
     def execute(self, plan: BatchPlan) -> ModelOutput:
         started = time.perf_counter()
         batch = self.flatten(plan)
-        attention = self.attention_cls(batch.segments, self.kv_cache)
+        attention = self.attention_cls(batch.segments, self.kv_cache, self.model.ops)
         hidden = self.model(batch.input_ids, batch.positions, attention)
         output = ModelOutput()
         if batch.sample_rows:

@@ -15,6 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from common.engine.ops import TorchOps
 from common.registry import Registry
 
 
@@ -37,9 +38,14 @@ class ModelShape:
 
 
 class CausalLM(nn.Module, ABC):
-    """A decoder-only language model over a paged KV cache."""
+    """A decoder-only language model over a paged KV cache.
+
+    `ops` holds the elementwise primitives (common.engine.ops); the runner swaps in the fused
+    kernels where they apply.
+    """
 
     shape: ModelShape
+    ops = TorchOps()
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -47,17 +53,33 @@ class CausalLM(nn.Module, ABC):
         """input_ids, positions: [T] int64. Returns hidden states [T, hidden_size]."""
 
     @abstractmethod
+    def output_weight(self) -> torch.Tensor:
+        """The [vocab_size, hidden_size] matrix that maps hidden states to logits."""
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
+        packed = getattr(self, "packed_logits", None)
+        if packed is not None:
+            return packed(hidden).float()
+        return torch.nn.functional.linear(hidden, self.output_weight()).float()
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy a Hugging Face checkpoint's tensors (HF names) into the parameters."""
 
     def num_matmul_params(self) -> int:
-        """Weights used by per-token matmuls (excludes embeddings looked up, not multiplied)."""
-        return sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear)
-                   and m is not getattr(self, "lm_head", None))
+        """Weights of the per-token matmuls (not the embedding lookup, not the logits)."""
+        skip = {id(getattr(self, "lm_head", None)), id(getattr(self, "packed_logits", None))}
+        return sum(m.in_features * m.out_features for m in self.modules()
+                   if hasattr(m, "in_features") and hasattr(m, "out_features")
+                   and id(m) not in skip)
+
+    def pack_for_cpu(self) -> None:
+        """Reorder every matmul weight (and the logits matrix) for oneDNN; see PackedLinear."""
+        from common.engine.models.layers import PackedLinear, pack_linears
+
+        pack_linears(self, skip=("lm_head",))  # the logits matrix is packed below
+        self.packed_logits = PackedLinear(self.output_weight(), None)
 
 
 MODEL_REGISTRY: Registry[type[CausalLM]] = Registry("model architecture")

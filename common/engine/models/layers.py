@@ -23,6 +23,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype != torch.float32:
+            # torch's fused kernel; float32 keeps transformers' exact op order below
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
@@ -141,3 +144,41 @@ class WeightLoader:
                    if name not in tied and self.filled.get(name, 0) != p.numel()]
         if missing:
             raise ModelLoadError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+
+
+class PackedLinear(nn.Module):
+    """A linear layer whose weight oneDNN has reordered once for this CPU.
+
+    For bfloat16 on CPU this is about twice as fast as `F.linear` for the skinny matmuls of
+    decoding (one to a few dozen rows) and a little faster for prefill chunks.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+        self.bias = bias.detach() if bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+            and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def pack_linears(module: nn.Module, skip: tuple[str, ...] = ()) -> int:
+    """Replace every nn.Linear below `module` (but the children named in `skip`) by a
+    PackedLinear. Returns how many."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if name in skip:
+            continue
+        if isinstance(child, nn.Linear):
+            setattr(module, name, PackedLinear(child.weight, child.bias))
+            count += 1
+        else:
+            count += pack_linears(child)
+    return count

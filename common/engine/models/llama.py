@@ -26,13 +26,14 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(shape.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = nn.Linear(self.q_size, shape.hidden_size, bias=o_bias)
 
-    def forward(self, x: torch.Tensor, rope: RotaryEmbedding, cos_sin, attention,
-                layer_idx: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding, ops,
+                attention, layer_idx: int) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rope.apply(q.view(num_tokens, self.num_heads, self.head_dim), *cos_sin)
-        k = rope.apply(k.view(num_tokens, self.num_kv_heads, self.head_dim), *cos_sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(num_tokens, -1, self.head_dim)  # [T, H + 2 KVH, D]
+        # Rotate queries and keys in one call: they are adjacent heads of the fused projection.
+        qk = ops.rotary(qkv[:, : self.num_heads + self.num_kv_heads], positions, rope)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
         out = attention(layer_idx, q, k, v)  # [T, num_heads, head_dim]
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -45,8 +46,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
         self.act = activation(act)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+    def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        if self.act is torch.nn.functional.silu:
+            return self.down_proj(ops.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -60,9 +64,13 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(shape.hidden_size, cfg["intermediate_size"],
                             cfg.get("hidden_act", "silu"), cfg.get("mlp_bias", False))
 
-    def forward(self, x, rope, cos_sin, attention, layer_idx):
-        x = x + self.self_attn(self.input_layernorm(x), rope, cos_sin, attention, layer_idx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, positions, rope, ops, attention, layer_idx):
+        """Returns (this layer's output, residual stream before it); their sum is the hidden
+        state, added by the next norm (fused add + norm)."""
+        h, residual = ops.add_rms_norm(x, residual, self.input_layernorm)
+        h = self.self_attn(h, positions, rope, ops, attention, layer_idx)
+        h, residual = ops.add_rms_norm(h, residual, self.post_attention_layernorm)
+        return self.mlp(h, ops), residual
 
 
 def llama_shape(cfg: dict) -> ModelShape:
@@ -103,15 +111,15 @@ class LlamaForCausalLM(CausalLM):
                                     theta, scaling)
 
     def forward(self, input_ids, positions, attention):
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rope.table(positions, x.dtype)
+        x, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.rope, cos_sin, attention, i)
-        return self.norm(x)
+            x, residual = layer(x, residual, positions, self.rope, self.ops, attention, i)
+        return self.ops.add_rms_norm(x, residual, self.norm)[0]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+    def output_weight(self) -> torch.Tensor:
+        if self.tie_word_embeddings:
+            return self.embed_tokens.weight
+        return self.lm_head.weight
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         q_size = self.shape.num_heads * self.shape.head_dim

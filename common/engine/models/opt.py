@@ -93,8 +93,8 @@ class OPTForCausalLM(CausalLM):
             x = self.project_out(x)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+    def output_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         width = self.shape.num_heads * self.shape.head_dim

@@ -154,5 +154,20 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         (tmp_dir / "generation_config.json").write_text(json.dumps(generation, indent=2))
         _save_tokenizer(gguf_path, tmp_dir)
         os.replace(tmp_dir, out_dir)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # damaged tensors or vocabulary deep inside gguf/transformers
+        raise ModelLoadError(f"cannot convert GGUF file {gguf_path}: "
+                             f"{type(exc).__name__}: {exc}") from None
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":  # run by model_files in a child process: python -m common.gguf_convert
+    import sys
+
+    try:
+        convert_gguf(Path(sys.argv[1]), Path(sys.argv[2]))
+    except ModelLoadError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,376 @@
+// CPU kernels for the engine's fast path (bfloat16/float16/float32), built on first use.
+//
+// What torch's eager ops do in several passes and allocations, each of these does in one pass:
+//   rms_norm            out = weight * normalize(x)
+//   fused_add_rms_norm  residual += x; x = weight * normalize(residual)     (in place)
+//   rotary_neox         x = rotate(x, cos[pos], sin[pos]) for every head    (in place)
+//   silu_and_mul        out = silu(x[:, :I]) * x[:, I:]
+//   paged_decode_attention  one query token per sequence against its paged KV blocks, read
+//                           where they lie (no gather), grouped-query heads sharing each KV read.
+// All arithmetic is in float32; results are rounded once to the tensor's dtype.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Rows are converted to float32 scratch and back with plain integer arithmetic on the raw
+// 16-bit words, so the loops vectorize (loads of c10::BFloat16 objects do not).
+template <typename T>
+inline void load_row(const T* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+template <>
+inline void load_row<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(raw[i]) << 16;
+}
+
+template <typename T>
+inline void store_row(T* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
+template <>
+inline void store_row<at::BFloat16>(at::BFloat16* dst, const float* src, int64_t n) {
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* raw = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t b = bits[i];
+    const uint32_t rounded = (b + 0x7FFFu + ((b >> 16) & 1u)) >> 16;  // nearest-even
+    raw[i] = static_cast<uint16_t>((b & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);
+  }
+}
+
+// Round float values to T's precision and back (mirrors transformers' intermediate casts).
+template <typename T>
+inline void round_row(float* row, int64_t n, T* scratch) {
+  store_row(scratch, row, n);
+  load_row(scratch, row, n);
+}
+
+// exp(x) by range reduction and a degree-6 polynomial (Cephes expf, relative error ~1e-7).
+// Unlike std::exp it vectorizes, which makes softmax and SiLU memory-bound instead of exp-bound.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+template <typename T>
+void rms_norm_impl(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps,
+                   at::Tensor* residual) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  const int64_t x_stride = x.stride(0), out_stride = out.stride(0);
+  const int64_t res_stride = residual ? residual->stride(0) : 0;
+  T* out_ptr = out.data_ptr<T>();
+  const T* x_ptr = x.data_ptr<T>();
+  T* res_ptr = residual ? residual->data_ptr<T>() : nullptr;
+  std::vector<float> w(n);
+  load_row(weight.data_ptr<T>(), w.data(), n);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(n), other(n);
+    std::vector<T> scratch(n);
+    for (int64_t r = begin; r < end; ++r) {
+      load_row(x_ptr + r * x_stride, row.data(), n);
+      if (res_ptr) {  // residual += x, rounded to T as transformers' add is
+        T* rr = res_ptr + r * res_stride;
+        load_row(rr, other.data(), n);
+        for (int64_t i = 0; i < n; ++i) row[i] += other[i];
+        store_row(rr, row.data(), n);
+        load_row(rr, row.data(), n);
+      }
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < n; ++i) sum += row[i] * row[i];
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(n) + static_cast<float>(eps));
+      for (int64_t i = 0; i < n; ++i) row[i] *= inv;
+      round_row(row.data(), n, scratch.data());  // normalized value in T, then times weight
+      for (int64_t i = 0; i < n; ++i) row[i] *= w[i];
+      store_row(out_ptr + r * out_stride, row.data(), n);
+    }
+  });
+}
+
+template <typename T>
+void rotary_impl(at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
+                 const at::Tensor& sin) {
+  const int64_t tokens = x.size(0), heads = x.size(1), dim = x.size(2), half = dim / 2;
+  const int64_t s0 = x.stride(0), s1 = x.stride(1);
+  T* base = x.data_ptr<T>();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const float* cos_ptr = cos.data_ptr<float>();
+  const float* sin_ptr = sin.data_ptr<float>();
+  at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> in(dim), out(dim);
+    for (int64_t t = begin; t < end; ++t) {
+      const float* c = cos_ptr + pos[t] * half;
+      const float* s = sin_ptr + pos[t] * half;
+      for (int64_t h = 0; h < heads; ++h) {
+        T* v = base + t * s0 + h * s1;
+        load_row(v, in.data(), dim);
+#pragma omp simd
+        for (int64_t i = 0; i < half; ++i) {
+          out[i] = in[i] * c[i] - in[i + half] * s[i];
+          out[i + half] = in[i + half] * c[i] + in[i] * s[i];
+        }
+        store_row(v, out.data(), dim);
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
+  const int64_t rows = x.size(0), inter = x.size(1) / 2;
+  const T* in = x.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const int64_t in_stride = x.stride(0), out_stride = out.stride(0);
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> gate(inter), up(inter);
+    for (int64_t r = begin; r < end; ++r) {
+      load_row(in + r * in_stride, gate.data(), inter);
+      load_row(in + r * in_stride + inter, up.data(), inter);
+#pragma omp simd
+      for (int64_t i = 0; i < inter; ++i) gate[i] = gate[i] / (1.f + fast_exp(-gate[i])) * up[i];
+      store_row(o + r * out_stride, gate.data(), inter);
+    }
+  });
+}
+
+// Scores of one query group against one context token: q . k for each of `group` heads.
+// The AVX-512 version keeps the key row in registers and reuses it for every head of the group.
+template <typename T>
+inline void group_scores(const float* qf, const T* k, float* kv, int64_t group, int64_t dim,
+                         float* out, int64_t out_stride) {
+  load_row(k, kv, dim);
+  for (int64_t g = 0; g < group; ++g) {
+    float dot = 0.f;
+    const float* qg = qf + g * dim;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t d = 0; d < dim; ++d) dot += qg[d] * kv[d];
+    out[g * out_stride] = dot;
+  }
+}
+
+// acc[g] += p[g] * v for each head g of the group (p strided by p_stride).
+template <typename T>
+inline void group_accumulate(const float* p, int64_t p_stride, const T* v, float* kv,
+                             int64_t group, int64_t dim, float* acc) {
+  load_row(v, kv, dim);
+  for (int64_t g = 0; g < group; ++g) {
+    const float w = p[g * p_stride];
+    float* a = acc + g * dim;
+#pragma omp simd
+    for (int64_t d = 0; d < dim; ++d) a[d] += w * kv[d];
+  }
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const at::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+
+template <>
+inline void group_scores<at::BFloat16>(const float* qf, const at::BFloat16* k, float*,
+                                       int64_t group, int64_t dim, float* out,
+                                       int64_t out_stride) {
+  if (dim % 16 != 0 || dim > 256) {
+    std::vector<float> kv(dim);
+    load_row(k, kv.data(), dim);
+    for (int64_t g = 0; g < group; ++g) {
+      float dot = 0.f;
+      for (int64_t d = 0; d < dim; ++d) dot += qf[g * dim + d] * kv[d];
+      out[g * out_stride] = dot;
+    }
+    return;
+  }
+  __m512 key[16];
+  const int64_t chunks = dim / 16;
+  for (int64_t c = 0; c < chunks; ++c) key[c] = load16(k + 16 * c);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = qf + g * dim;
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), key[0]);
+    for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), key[c], acc);
+    out[g * out_stride] = _mm512_reduce_add_ps(acc);
+  }
+}
+
+template <>
+inline void group_accumulate<at::BFloat16>(const float* p, int64_t p_stride,
+                                           const at::BFloat16* v, float* kv, int64_t group,
+                                           int64_t dim, float* acc) {
+  if (dim % 16 != 0 || dim > 256) {
+    load_row(v, kv, dim);
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t d = 0; d < dim; ++d) acc[g * dim + d] += p[g * p_stride] * kv[d];
+    return;
+  }
+  __m512 value[16];
+  const int64_t chunks = dim / 16;
+  for (int64_t c = 0; c < chunks; ++c) value[c] = load16(v + 16 * c);
+  for (int64_t g = 0; g < group; ++g) {
+    const __m512 w = _mm512_set1_ps(p[g * p_stride]);
+    float* a = acc + g * dim;
+    for (int64_t c = 0; c < chunks; ++c)
+      _mm512_storeu_ps(a + 16 * c, _mm512_fmadd_ps(w, value[c], _mm512_loadu_ps(a + 16 * c)));
+  }
+}
+#endif
+
+template <typename T>
+void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& block_table,
+                           const at::Tensor& context_lens, double scale) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
+  const int64_t group = heads / kv_heads;
+  const int64_t q_s0 = q.stride(0), q_s1 = q.stride(1);
+  const int64_t o_s0 = out.stride(0), o_s1 = out.stride(1);
+  const int64_t table_stride = block_table.stride(0);
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k_cache.data_ptr<T>();
+  const T* v_ptr = v_cache.data_ptr<T>();
+  T* o_ptr = out.data_ptr<T>();
+  const int64_t* table = block_table.data_ptr<int64_t>();
+  const int64_t* lens = context_lens.data_ptr<int64_t>();
+  const int64_t row_stride = kv_heads * dim;  // between consecutive tokens of a block
+  // With many sequences a task takes every KV head of one sequence, so each token's key/value
+  // row is read whole and in order; with few, tasks split by KV head to use every thread.
+  const int64_t span = batch >= 2 * at::get_num_threads() ? kv_heads : 1;
+  const int64_t tasks_per_seq = kv_heads / span;
+  at::parallel_for(0, batch * tasks_per_seq, 1, [&](int64_t begin, int64_t end) {
+    const int64_t rows = span * group;  // query heads handled by one task
+    std::vector<float> qf(rows * dim), acc(rows * dim), kv(dim), scores, total(rows);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / tasks_per_seq, kvh0 = (task % tasks_per_seq) * span;
+      const int64_t len = lens[b];
+      const int64_t* blocks = table + b * table_stride;
+      scores.resize(rows * len);
+      for (int64_t r = 0; r < rows; ++r) {
+        load_row(q_ptr + b * q_s0 + (kvh0 * group + r) * q_s1, qf.data() + r * dim, dim);
+        for (int64_t d = 0; d < dim; ++d) qf[r * dim + d] *= static_cast<float>(scale);
+      }
+      for (int64_t t = 0; t < len; ++t) {  // scores = q . k for every context token
+        const T* row = k_ptr + (blocks[t / block_size] * block_size + t % block_size) * row_stride;
+        for (int64_t h = 0; h < span; ++h)
+          group_scores(qf.data() + h * group * dim, row + (kvh0 + h) * dim, kv.data(), group,
+                       dim, scores.data() + h * group * len + t, len);
+      }
+      for (int64_t r = 0; r < rows; ++r) {  // softmax numerators and their sums
+        float* sr = scores.data() + r * len;
+        const float peak = *std::max_element(sr, sr + len);
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; ++t) {
+          sr[t] = fast_exp(sr[t] - peak);
+          sum += sr[t];
+        }
+        total[r] = sum;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = 0; t < len; ++t) {  // acc = sum_t p_t v_t
+        const T* row = v_ptr + (blocks[t / block_size] * block_size + t % block_size) * row_stride;
+        for (int64_t h = 0; h < span; ++h)
+          group_accumulate(scores.data() + h * group * len + t, len, row + (kvh0 + h) * dim,
+                           kv.data(), group, dim, acc.data() + h * group * dim);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        float* a = acc.data() + r * dim;
+        const float inv = 1.f / total[r];
+        for (int64_t d = 0; d < dim; ++d) a[d] *= inv;
+        store_row(o_ptr + b * o_s0 + (kvh0 * group + r) * o_s1, a, dim);
+      }
+    }
+  });
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
+}
+
+}  // namespace
+
+void rms_norm(at::Tensor out, at::Tensor x, at::Tensor weight, double eps) {
+  check_rows(x, "x");
+  check_rows(out, "out");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm",
+                                  [&] { rms_norm_impl<scalar_t>(out, x, weight, eps, nullptr); });
+}
+
+void fused_add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
+  check_rows(x, "x");
+  check_rows(residual, "residual");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "fused_add_rms",
+                                  [&] { rms_norm_impl<scalar_t>(x, x, weight, eps, &residual); });
+}
+
+void rotary_neox(at::Tensor x, at::Tensor positions, at::Tensor cos, at::Tensor sin) {
+  check_rows(x, "x");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous(), "cos: contiguous float32");
+  TORCH_CHECK(sin.scalar_type() == at::kFloat && sin.is_contiguous(), "sin: contiguous float32");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous(), "positions");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary_neox",
+                                  [&] { rotary_impl<scalar_t>(x, positions, cos, sin); });
+}
+
+void silu_and_mul(at::Tensor out, at::Tensor x) {
+  check_rows(x, "x");
+  check_rows(out, "out");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "silu_and_mul",
+                                  [&] { silu_and_mul_impl<scalar_t>(out, x); });
+}
+
+void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                            at::Tensor block_table, at::Tensor context_lens, double scale) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.stride(1) == 1,
+              "block_table: int64, rows contiguous");
+  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
+              "context_lens: contiguous int64");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
+                                  [&] {
+                                    decode_attention_impl<scalar_t>(out, q, k_cache, v_cache,
+                                                                    block_table, context_lens,
+                                                                    scale);
+                                  });
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("fused_add_rms_norm", &fused_add_rms_norm);
+  m.def("rotary_neox", &rotary_neox);
+  m.def("silu_and_mul", &silu_and_mul);
+  m.def("paged_decode_attention", &paged_decode_attention);
+}

@@ -1,0 +1,74 @@
+"""The elementwise and attention primitives the models call, in two interchangeable sets.
+
+`TorchOps` composes torch ops in transformers' exact order (float32 runs agree with transformers
+token for token). `KernelOps` calls the fused C++ CPU kernels: one pass and no temporaries per op;
+the runner picks it for bfloat16/float16 on CPU when the kernels build.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+class TorchOps:
+    name = "torch"
+    has_decode_kernel = False
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); with no residual yet, (norm(x), x)."""
+        residual = x if residual is None else x + residual
+        return norm(residual), residual
+
+    def rotary(self, qk: torch.Tensor, positions: torch.Tensor, rope) -> torch.Tensor:
+        """Rotate queries and keys [T, heads, D] by their positions; may work in place."""
+        return rope.apply(qk, *rope.table(positions, qk.dtype))
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class KernelOps(TorchOps):
+    name = "cpu-kernels"
+    has_decode_kernel = True
+
+    def __init__(self, module) -> None:
+        self.k = module
+
+    def add_rms_norm(self, x, residual, norm):
+        if residual is None:
+            out = torch.empty_like(x)
+            self.k.rms_norm(out, x, norm.weight, norm.eps)
+            return out, x
+        self.k.fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+        return x, residual
+
+    def rotary(self, qk, positions, rope):
+        self.k.rotary_neox(qk, positions, rope.cos, rope.sin)
+        return qk
+
+    def silu_and_mul(self, gate_up):
+        out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+        self.k.silu_and_mul(out, gate_up)
+        return out
+
+    def paged_decode_attention(self, q, k_cache, v_cache, block_table, context_lens,
+                               scale: float | None) -> torch.Tensor:
+        out = torch.empty_like(q)
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        self.k.paged_decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale)
+        return out
+
+
+def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str) -> TorchOps:
+    """KernelOps for reduced precision on CPU when the kernels build; TorchOps otherwise."""
+    if device.type != "cpu" or dtype == torch.float32:
+        return TorchOps()
+    from common.engine import cpu_kernels
+
+    module = cpu_kernels.load(cache_dir)
+    return KernelOps(module) if module is not None else TorchOps()

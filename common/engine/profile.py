@@ -1,0 +1,235 @@
+"""`splitserve profile`: measure the engine against this machine's own limits, in one run.
+
+- Prefill throughput against tokens per forward (1..2048). The saturation knee, the smallest
+  size reaching 90% of the best throughput, is the recommended ChunkSize.
+- Decode throughput against batch size (1..128), every sequence holding `decode_context` tokens.
+- The machine: bfloat16 matmul rate (a large square matmul) and memory read bandwidth.
+- Ratios: prefill model FLOP/s at ChunkSize over the matmul rate; decode step time at batch 1 over
+  the time to read every weight once at the measured bandwidth; optionally decode tokens/s against
+  transformers `generate` (same weights, dtype and threads).
+
+Writes profile.json and profile.png under the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from common.block_pool import KVCacheManager
+from common.config import EngineConfig
+from common.engine.model_runner import ModelRunner
+from common.plan import BatchPlan, ScheduledChunk
+from common.sampling_params import SamplingParams
+
+PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
+KNEE_FRACTION = 0.9
+GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    max_prefill_tokens: int = 2048
+    max_decode_batch: int = 128
+    decode_context: int = 256
+    out_dir: str = "results/profile"
+    compare_hf: bool = False
+    repeats: int = 3
+
+
+def _timed(fn, repeats: int) -> float:
+    """Median seconds of `repeats` calls after one warm-up call."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def machine_limits(dtype: torch.dtype, repeats: int = 5) -> dict:
+    """The best this machine does at matmul (2048^3 in `dtype`) and at reading memory (512 MiB).
+
+    Each is the fastest of several ways torch offers (plain mm and oneDNN's packed matmul;
+    reductions and copies of several dtypes), so the ratios against them are not flattered.
+    """
+    from common.engine.models.layers import PackedLinear, can_pack
+
+    a = torch.randn(2048, 2048, dtype=dtype)
+    b = torch.randn(2048, 2048, dtype=dtype)
+    matmul_s = _timed(lambda: torch.mm(a, b), repeats)
+    if can_pack(dtype, torch.device("cpu")):
+        packed = PackedLinear(b, None)
+        matmul_s = min(matmul_s, _timed(lambda: packed(a), repeats))
+    nbytes = 512 * 2**20
+    read_s = []
+    for kind in (torch.float32, torch.float16, torch.bfloat16):
+        buffer = torch.ones(nbytes // torch.finfo(kind).bits * 8, dtype=kind)
+        read_s += [_timed(lambda: buffer.sum(), repeats), _timed(lambda: buffer.max(), repeats)]
+    vector = torch.ones(nbytes // 4)
+    read_s.append(_timed(lambda: torch.dot(vector, vector), repeats))
+    target = torch.empty_like(vector)
+    copy_s = _timed(lambda: target.copy_(vector), repeats)
+    return {"matmul_flops": 2 * 2048**3 / matmul_s, "read_bytes_per_s": nbytes / min(read_s),
+            "copy_bytes_per_s": 2 * nbytes / copy_s}
+
+
+class _Bench:
+    """Hand-built plans on a runner: fresh prefills of N tokens, decode steps at batch B."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        layout = runner.kv_layout
+        self.kv = KVCacheManager(layout.num_blocks, layout.block_size)
+        self.vocab = runner.model.shape.vocab_size
+        self.counter = 0
+
+    def _tokens(self, n: int) -> list[int]:
+        return torch.randint(100, self.vocab - 100, (n,)).tolist()
+
+    def prefill_seconds(self, num_tokens: int, repeats: int) -> float:
+        seq_id = "prefill"
+        blocks = self.kv.grow(seq_id, num_tokens)
+        plan = BatchPlan([ScheduledChunk(seq_id, self._tokens(num_tokens), 0, blocks, GREEDY)])
+        try:
+            return _timed(lambda: self.runner.execute(plan), repeats)
+        finally:
+            self.kv.free(seq_id)
+
+    def decode_seconds(self, batch: int, context: int, repeats: int) -> float:
+        seq_ids = [f"decode-{i}" for i in range(batch)]
+        tables = [self.kv.grow(s, context + 1) for s in seq_ids]
+        if any(t is None for t in tables):
+            raise RuntimeError(f"KV pool too small for batch {batch} x {context} tokens")
+        try:
+            for seq_id, table in zip(seq_ids, tables):  # fill the context once
+                self.runner.execute(BatchPlan([ScheduledChunk(seq_id, self._tokens(context), 0,
+                                                              table)]))
+            plan = BatchPlan([ScheduledChunk(s, self._tokens(1), context, t, GREEDY, 1)
+                              for s, t in zip(seq_ids, tables)])
+            return _timed(lambda: self.runner.execute(plan), repeats)
+        finally:
+            for seq_id in seq_ids:
+                self.kv.free(seq_id)
+
+
+def _knee(sizes: list[int], throughputs: list[float]) -> int:
+    best = max(throughputs)
+    return next(n for n, t in zip(sizes, throughputs) if t >= KNEE_FRACTION * best)
+
+
+def profile_prefill(bench: _Bench, sizes: list[int], repeats: int, progress) -> list[dict]:
+    rows = []
+    for n in sizes:
+        seconds = bench.prefill_seconds(n, repeats)
+        rows.append({"tokens": n, "seconds": seconds, "tokens_per_s": n / seconds})
+        progress(f"prefill {n:5d} tokens: {n / seconds:9.1f} tok/s")
+    return rows
+
+
+def profile_decode(bench: _Bench, batches: list[int], context: int, repeats: int,
+                   progress) -> list[dict]:
+    rows = []
+    for b in batches:
+        seconds = bench.decode_seconds(b, context, repeats)
+        rows.append({"batch": b, "step_seconds": seconds, "tokens_per_s": b / seconds})
+        progress(f"decode batch {b:4d}: {b / seconds:9.1f} tok/s ({seconds * 1e3:.1f} ms/step)")
+    return rows
+
+
+def prefill_flops_per_token(runner: ModelRunner, num_tokens: int) -> float:
+    model = runner.model
+    shape = model.shape
+    per_token = shape.flops_per_token(model.num_matmul_params(), (num_tokens + 1) / 2)
+    logits = 2 * shape.vocab_size * shape.hidden_size / num_tokens  # one sampled row per chunk
+    return per_token + logits
+
+
+def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    runner = ModelRunner(config)
+    bench = _Bench(runner)
+    limits = machine_limits(runner.model.embed_tokens.weight.dtype)
+    progress(f"machine: {limits['matmul_flops'] / 1e9:.0f} GFLOP/s matmul, "
+             f"{limits['read_bytes_per_s'] / 1e9:.1f} GB/s read")
+    sizes = [n for n in PREFILL_SIZES if n <= options.max_prefill_tokens]
+    prefill = profile_prefill(bench, sizes, options.repeats, progress)
+    batches = [b for b in DECODE_BATCHES if b <= options.max_decode_batch]
+    decode = profile_decode(bench, batches, options.decode_context, options.repeats, progress)
+    chunk_size = _knee(sizes, [r["tokens_per_s"] for r in prefill])
+    report = {
+        "model": runner.resolved.name, "dtype": runner.dtype_name,
+        "threads": torch.get_num_threads(), "machine": limits,
+        "prefill": prefill, "decode": decode, "decode_context": options.decode_context,
+        "recommended_chunk_size": chunk_size,
+        "ratios": _ratios(runner, limits, prefill, decode, chunk_size),
+        "options": asdict(options),
+    }
+    if options.compare_hf:
+        from common.engine.hf_baseline import compare_decode
+
+        report["hf_decode"] = compare_decode(runner, decode, options.decode_context, progress)
+    _write(report, Path(options.out_dir))
+    _print_summary(report)
+    runner.close()
+    return report
+
+
+def _ratios(runner, limits, prefill, decode, chunk_size) -> dict:
+    at_chunk = next(r for r in prefill if r["tokens"] == chunk_size)
+    model_flops = at_chunk["tokens_per_s"] * prefill_flops_per_token(runner, chunk_size)
+    ratios = {"prefill_flops_at_chunk_size": model_flops,
+              "prefill_fraction_of_matmul_rate": model_flops / limits["matmul_flops"]}
+    batch1 = next((r for r in decode if r["batch"] == 1), None)
+    if batch1:
+        stream_s = runner.weight_bytes / limits["read_bytes_per_s"]
+        ratios.update(weight_bytes=runner.weight_bytes, weight_stream_seconds=stream_s,
+                      decode_batch1_over_weight_stream=batch1["step_seconds"] / stream_s)
+    return ratios
+
+
+def _write(report: dict, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "profile.json").write_text(json.dumps(report, indent=2))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot([r["tokens"] for r in report["prefill"]],
+              [r["tokens_per_s"] for r in report["prefill"]], marker="o")
+    left.axvline(report["recommended_chunk_size"], color="red", linestyle="--",
+                 label=f"ChunkSize {report['recommended_chunk_size']}")
+    left.set(xscale="log", xlabel="tokens per forward", ylabel="prefill tokens/s",
+             title=f"Prefill ({report['model']}, {report['dtype']})")
+    left.legend()
+    right.plot([r["batch"] for r in report["decode"]],
+               [r["tokens_per_s"] for r in report["decode"]], marker="o")
+    right.set(xscale="log", xlabel="decode batch size", ylabel="decode tokens/s",
+              title=f"Decode ({report['decode_context']} tokens of context)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "profile.png", dpi=120)
+    plt.close(fig)
+
+
+def _print_summary(report: dict) -> None:
+    r = report["ratios"]
+    lines = [f"recommended ChunkSize: {report['recommended_chunk_size']} tokens",
+             f"prefill at ChunkSize: {r['prefill_fraction_of_matmul_rate']:.2f} x measured "
+             f"{report['dtype']} matmul rate"]
+    if "decode_batch1_over_weight_stream" in r:
+        lines.append(f"decode batch 1: {r['decode_batch1_over_weight_stream']:.2f} x the time to "
+                     f"read the weights once ({r['weight_stream_seconds'] * 1e3:.1f} ms)")
+    for row in report.get("hf_decode", {}).get("ratios", []):
+        lines.append(f"decode batch {row['ours_batch']} vs transformers generate batch "
+                     f"{row['hf_batch']}: {row['speedup']:.2f}x tokens/s")
+    print("\n".join(lines))

@@ -1,0 +1,53 @@
+"""Fixtures shared by every test tier: the default model's directory and tiny random models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+CACHE_DIR = os.environ.get("SPLITSERVE_CACHE", "~/.cache/splitserve")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> str:
+    return CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def default_model(cache_dir):
+    """The default model, converted once into the shared cache."""
+    from common.model_files import resolve_model
+
+    return resolve_model(None, Path(cache_dir).expanduser())
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, default_model) -> dict[str, Path]:
+    """Tiny random-weight checkpoints sharing the default model's tokenizer."""
+    from helpers import save_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny-models")
+    vocab = 49152
+    return {kind: save_tiny_model(kind, root / kind, default_model.hf_dir, vocab)
+            for kind in ("llama", "qwen2", "opt")}

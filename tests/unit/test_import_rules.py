@@ -1,0 +1,79 @@
+"""The dependency rules of DESIGN.md §3, checked on the source and in a fresh interpreter."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ["common", "control_plane", "prefill_instance", "decode_instance", "kv_transfer",
+            "length_predictor", "bench"]
+# package -> project packages it must never import (module level or inside functions)
+FORBIDDEN = {
+    "common": set(PACKAGES) - {"common"},
+    "prefill_instance": {"decode_instance", "control_plane"},
+    "decode_instance": {"prefill_instance", "control_plane"},
+    "kv_transfer": set(PACKAGES) - {"common", "kv_transfer"},
+    "control_plane": {"prefill_instance", "decode_instance"},
+}
+# Only the CLI may import heavy packages, and only inside its command handlers.
+LAZY_ONLY = {"control_plane": {"torch", "common.engine"}}
+
+
+def imported_modules(path: Path) -> list[tuple[str, bool]]:
+    """(module, at_module_level) for every import in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top_level) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, id(node) in top_level))
+    return found
+
+
+def python_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def test_forbidden_package_edges():
+    violations = []
+    for package, forbidden in FORBIDDEN.items():
+        for path in python_files(package):
+            for module, _ in imported_modules(path):
+                if module.split(".")[0] in forbidden:
+                    violations.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not violations, "\n".join(violations)
+
+
+def test_heavy_imports_are_lazy_in_control_plane():
+    violations = []
+    for package, heavy in LAZY_ONLY.items():
+        for path in python_files(package):
+            for module, top in imported_modules(path):
+                is_heavy = any(module == h or module.startswith(h + ".") for h in heavy)
+                lazy_allowed = path.name == "cli.py"
+                if is_heavy and (top or not lazy_allowed):
+                    violations.append(f"{path.relative_to(ROOT)} imports {module}")
+    assert not violations, "\n".join(violations)
+
+
+def test_control_plane_and_light_common_modules_do_not_load_torch():
+    modules = [p.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+               for pkg in ("control_plane", "kv_transfer") for p in python_files(pkg)]
+    modules += ["common.config", "common.protocol", "common.sequence", "common.block_pool",
+                "common.plan", "common.tokenizer", "common.detokenizer", "common.registry",
+                "common.schedulers.coupled"]
+    modules = [m.removesuffix(".__init__") for m in modules
+               if (ROOT / (m.replace(".", "/") + ".py")).exists()
+               or (ROOT / m.replace(".", "/")).is_dir()]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False", "a light module imported torch"
