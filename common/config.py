@@ -97,3 +97,68 @@ class EngineConfig:
 
     def with_model(self, **changes) -> "EngineConfig":
         return replace(self, model=replace(self.model, **changes))
+
+
+PREFILL_POLICIES = ("fcfs", "sjf", "ljf")
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """The prefill role (TetriInfer §3.3)."""
+
+    policy: str = "sjf"  # order of the scheduled queue: fcfs, sjf (shortest prompt first), ljf
+    sched_batch: int = 16  # PrefillSchedBatch: raw requests sorted into the scheduled queue at once
+    # Tokens per prefill forward (ChunkSize); 0 = the knee from `splitserve profile`, else 256.
+    chunk_size: int = 0
+    pad_last_chunk: bool = False  # zero-pad a short chunk up to ChunkSize, as the paper does
+    lease_timeout_s: float = 30.0  # how long blocks wait for a decode instance to take them
+
+    def __post_init__(self) -> None:
+        _require(self.policy in PREFILL_POLICIES, f"prefill policy must be one of "
+                                                  f"{PREFILL_POLICIES}, got {self.policy!r}")
+        _require(self.sched_batch > 0, "PrefillSchedBatch must be > 0")
+        _require(self.chunk_size >= 0, "ChunkSize must be >= 0")
+        _require(self.lease_timeout_s > 0, "lease timeout must be > 0")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How KV blocks move between instances."""
+
+    backend: str = "tcp"  # tcp | shm (more with the kv_transfer registry)
+    timeout_s: float = 30.0  # a read that takes longer fails
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """One instance process: its engine, its role, and how it reaches the control plane."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    role: str = "prefill"
+    instance_id: str = ""
+    host: str = "127.0.0.1"  # interface the inbox and KV endpoint bind to
+    gateways: tuple[str, ...] = ()  # gateway inboxes that receive this instance's load reports
+    report_interval_s: float = 0.1
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.report_interval_s > 0, "report interval must be > 0")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    inbox_port: int = 0  # 0 = any free port
+    model: str | None = None  # for the tokenizer and the served name; None = default model
+    served_name: str | None = None
+    cache_dir: str = "~/.cache/splitserve"
+    request_timeout_s: float = 600.0  # a request never waits longer than this in total
+    token_timeout_s: float = 60.0  # ... nor longer than this for its next token
+    instance_timeout_s: float = 2.0  # an instance silent this long is not ready
+    broadcast_interval_s: float = 0.1  # cluster monitor broadcast to prefill instances
+
+    def __post_init__(self) -> None:
+        _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
+        _require(self.request_timeout_s > 0 and self.token_timeout_s > 0, "timeouts must be > 0")

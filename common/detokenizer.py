@@ -85,3 +85,22 @@ class StopStringMatcher:
         upto = max(upto, self.emitted)
         released, self.emitted = self.text[self.emitted:upto], upto
         return released
+
+
+class TextStream:
+    """One generation's text: incremental detokenization, then stop strings."""
+
+    def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...]) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stops = StopStringMatcher(stop)
+
+    @property
+    def stopped(self) -> bool:
+        return self.stops.stopped
+
+    def push(self, token_ids: list[int], finished: bool) -> str:
+        """New text to release; with `finished`, everything still held back too."""
+        text = self.stops.push(self.detokenizer.push(token_ids))
+        if finished:
+            text += self.stops.push(self.detokenizer.flush()) + self.stops.finish()
+        return text

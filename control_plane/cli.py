@@ -12,7 +12,8 @@ import logging
 import os
 import sys
 
-from common.config import BatchConfig, CacheConfig, ConfigError, EngineConfig, ModelConfig
+from common.config import (BatchConfig, CacheConfig, ConfigError, EngineConfig, GatewayConfig,
+                           InstanceConfig, ModelConfig, PrefillConfig, TransferConfig)
 from common.errors import SplitserveError
 
 # The only environment variable the project reads: where converted weights are cached.
@@ -109,6 +110,141 @@ def _add_profile(sub) -> None:
     p.set_defaults(handler=_cmd_profile)
 
 
+def add_instance_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("instance")
+    group.add_argument("--transfer", default="tcp", help="KV transfer backend: tcp or shm")
+    group.add_argument("--transfer-timeout", type=float, default=30.0)
+    group.add_argument("--report-interval", type=float, default=0.1,
+                       help="seconds between load reports")
+    group.add_argument("--prefill-policy", default="sjf", choices=["fcfs", "sjf", "ljf"])
+    group.add_argument("--prefill-sched-batch", type=int, default=16, help="PrefillSchedBatch")
+    group.add_argument("--chunk-size", type=int, default=0,
+                       help="ChunkSize (0 = the knee recorded by `splitserve profile`)")
+    group.add_argument("--pad-chunks", action="store_true",
+                       help="zero-pad the last prefill chunk to ChunkSize")
+    group.add_argument("--lease-timeout", type=float, default=30.0)
+
+
+def instance_config(args: argparse.Namespace) -> InstanceConfig:
+    return InstanceConfig(
+        engine=engine_config(args), role=args.role, instance_id=args.instance_id or "",
+        host=args.host, gateways=tuple(args.gateway or ()),
+        report_interval_s=args.report_interval,
+        prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
+                              chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
+                              lease_timeout_s=args.lease_timeout),
+        transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout))
+
+
+def _cmd_instance(args: argparse.Namespace) -> int:
+    from common.engine.worker import InstanceWorker
+
+    InstanceWorker(instance_config(args)).run()
+    return 0
+
+
+def _add_instance(sub) -> None:
+    p = sub.add_parser("instance", help="one prefill or decode instance process")
+    p.add_argument("--role", required=True, help="prefill or decode")
+    p.add_argument("--gateway", action="append",
+                   help="a gateway inbox (tcp://host:port) to report to (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind the inbox and KV to")
+    p.add_argument("--instance-id", default=None)
+    add_instance_args(p)
+    add_engine_args(p)
+    p.set_defaults(handler=_cmd_instance)
+
+
+def add_gateway_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gateway")
+    group.add_argument("--host", default="127.0.0.1")
+    group.add_argument("--port", type=int, default=8000)
+    group.add_argument("--served-name", default=None, help="model name in the API")
+    group.add_argument("--request-timeout", type=float, default=600.0)
+    group.add_argument("--token-timeout", type=float, default=60.0)
+
+
+def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
+    return GatewayConfig(host=args.host, port=args.port, inbox_port=inbox_port, model=args.model,
+                         served_name=args.served_name, cache_dir=args.cache_dir,
+                         request_timeout_s=args.request_timeout,
+                         token_timeout_s=args.token_timeout)
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from control_plane.launcher import build_gateway, serve_gateway
+
+    gateway, aliases = build_gateway(gateway_config(args, args.inbox_port))
+    print(f"splitserve gateway: http://{args.host}:{args.port}, instance reports to "
+          f"tcp://{args.host}:{args.inbox_port}", flush=True)
+    serve_gateway(gateway, aliases)
+    return 0
+
+
+def _add_gateway(sub) -> None:
+    p = sub.add_parser("gateway", help="the HTTP gateway and global scheduler")
+    add_gateway_args(p)
+    p.add_argument("--inbox-port", type=int, default=8001,
+                   help="port instances send reports and tokens to")
+    p.add_argument("--model", default=None, help="model path (tokenizer and served name)")
+    p.add_argument("--cache-dir", default=os.environ.get(CACHE_ENV, "~/.cache/splitserve"))
+    p.set_defaults(handler=_cmd_gateway)
+
+
+def _instance_passthrough(args: argparse.Namespace) -> list[str]:
+    """The engine and instance flags `up` forwards to every instance process."""
+    forwarded = []
+    for flag in ("model", "dtype", "device", "max_model_len", "block_size", "num_blocks",
+                 "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
+                 "transfer", "transfer_timeout", "report_interval", "prefill_policy",
+                 "prefill_sched_batch", "chunk_size", "lease_timeout"):
+        value = getattr(args, flag)
+        if value is not None:
+            forwarded += [f"--{flag.replace('_', '-')}", str(value)]
+    if args.pad_chunks:
+        forwarded.append("--pad-chunks")
+    forwarded += ["--threads", str(args.threads_per_instance)]
+    return forwarded
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from control_plane.launcher import free_port, run_up
+
+    config = gateway_config(args, free_port(args.host))
+    run_up(config, args.prefill, args.decode, _instance_passthrough(args),
+           Path(args.log_dir) if args.log_dir else None)
+    return 0
+
+
+def _add_up(sub) -> None:
+    p = sub.add_parser("up", help="gateway + prefill + decode instances on this machine")
+    add_gateway_args(p)
+    p.add_argument("--prefill", type=int, default=1, help="prefill instances")
+    p.add_argument("--decode", type=int, default=1, help="decode instances")
+    p.add_argument("--threads-per-instance", type=int, default=1)
+    p.add_argument("--log-dir", default=None, help="write each instance's log here")
+    add_instance_args(p)
+    add_engine_args(p)
+    p.set_defaults(handler=_cmd_up)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from bench.run import options_from_args, run_bench
+
+    run_bench(options_from_args(args))
+    return 0
+
+
+def _add_bench(sub) -> None:
+    from bench.run import add_bench_args
+
+    p = sub.add_parser("bench", help="load a running server with ShareGPT requests")
+    add_bench_args(p)
+    p.set_defaults(handler=_cmd_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
@@ -118,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = [_add_generate, _add_profile]
+_COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,8 @@ Layout: [num_layers, 2 (key, value), num_blocks, block_size, num_kv_heads, head_
 keys, `tensor[l, 0]`, is the [num_blocks, block_size, KVH, D] array that flash-attn's paged kernels
 take. Block bookkeeping (who owns which block) is `common.block_pool`'s job, not this module's.
 
-With `shared_memory`, the tensor lives in a file under /dev/shm so a peer process on the same host
-can map it and copy blocks without a socket (the shm transfer backend).
+With `shared_memory`, the tensor lives in an unlinked file under /dev/shm that a peer process on
+the same host maps through /proc (the shm transfer backend) and copies blocks from directly.
 """
 
 from __future__ import annotations
@@ -50,14 +50,32 @@ class KVLayout:
                         self.head_dim, self.dtype)
 
 
-def _allocate_shared(layout: KVLayout, shm_dir: Path) -> tuple[torch.Tensor, Path]:
+def _allocate_shared(layout: KVLayout, shm_dir: Path) -> tuple[torch.Tensor, int]:
+    """Map a fresh file under `shm_dir` and unlink it at once, keeping an open descriptor.
+
+    Peers on this host map it through /proc/<pid>/fd/<fd>; since no name is left in the file
+    system, the memory goes back to the OS when this process ends, even by kill -9.
+    """
     path = shm_dir / f"splitserve-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     numel = 1
     for dim in layout.shape:
         numel *= dim
     tensor = torch.from_file(str(path), shared=True, size=numel,
                              dtype=DTYPE_BY_NAME[layout.dtype])
-    return tensor.view(layout.shape), path
+    fd = os.open(path, os.O_RDONLY)
+    path.unlink()
+    return tensor.view(layout.shape), fd
+
+
+def map_shared(share_path: str, layout: KVLayout) -> torch.Tensor:
+    """Map a peer's shared KV cache (its `share_path`) read-only in spirit, with its layout."""
+    size = os.path.getsize(share_path)
+    element = torch.finfo(DTYPE_BY_NAME[layout.dtype]).bits // 8
+    num_blocks = size // (layout.bytes_per_block)
+    peer = layout.with_num_blocks(num_blocks)
+    tensor = torch.from_file(share_path, shared=True, size=size // element,
+                             dtype=DTYPE_BY_NAME[layout.dtype])
+    return tensor.view(peer.shape)
 
 
 class KVCache:
@@ -65,14 +83,21 @@ class KVCache:
                  shm_dir: str = "/dev/shm") -> None:
         self.layout = layout
         self.device = torch.device(device)
-        self.shm_path: Path | None = None
+        self._shm_fd: int | None = None
         if shared_memory:
             if self.device.type != "cpu":
                 raise ValueError("a shared-memory KV cache must live on the CPU")
-            self.tensor, self.shm_path = _allocate_shared(layout, Path(shm_dir))
+            self.tensor, self._shm_fd = _allocate_shared(layout, Path(shm_dir))
         else:
             self.tensor = torch.zeros(layout.shape, dtype=DTYPE_BY_NAME[layout.dtype],
                                       device=self.device)
+
+    @property
+    def share_path(self) -> str | None:
+        """Where a same-host peer can map this cache, or None if it is not shared."""
+        if self._shm_fd is None:
+            return None
+        return f"/proc/{os.getpid()}/fd/{self._shm_fd}"
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(keys, values) of one layer, each [num_blocks, block_size, KVH, D]."""
@@ -92,7 +117,6 @@ class KVCache:
         self.tensor.index_copy_(2, index, data.to(self.tensor.device, self.tensor.dtype))
 
     def close(self) -> None:
-        """Release the shared-memory file (the mapping itself goes with the tensor)."""
-        if self.shm_path is not None:
-            self.shm_path.unlink(missing_ok=True)
-            self.shm_path = None
+        if self._shm_fd is not None:
+            os.close(self._shm_fd)
+            self._shm_fd = None

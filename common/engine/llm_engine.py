@@ -13,7 +13,7 @@ from typing import Callable
 
 from common.block_pool import KVCacheManager
 from common.config import EngineConfig
-from common.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from common.detokenizer import TextStream
 from common.engine.model_runner import ModelRunner
 from common.errors import InvalidRequestError
 from common.sampling_params import SamplingParams
@@ -30,18 +30,6 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
-
-
-class _TextState:
-    def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...]) -> None:
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.stops = StopStringMatcher(stop)
-
-    def push(self, token_ids: list[int], finished: bool) -> str:
-        text = self.stops.push(self.detokenizer.push(token_ids))
-        if finished:
-            text += self.stops.push(self.detokenizer.flush()) + self.stops.finish()
-        return text
 
 
 def check_fits(prompt_len: int, params: SamplingParams, max_model_len: int,
@@ -97,18 +85,18 @@ class LLMEngine:
         for prompt, p in zip(prompts, params):
             request_id = self.add_request(prompt, p)
             results[request_id] = GenerationResult(request_id, list(prompt))
-            texts[request_id] = _TextState(self.tokenizer, p.stop)
+            texts[request_id] = TextStream(self.tokenizer, p.stop)
         while self.scheduler.has_work:
             for update in self.step():
                 self._absorb(update, results[update.seq_id], texts[update.seq_id], on_finish)
         return list(results.values())
 
-    def _absorb(self, update: SequenceUpdate, result: GenerationResult, text: _TextState,
+    def _absorb(self, update: SequenceUpdate, result: GenerationResult, text: TextStream,
                 on_finish) -> None:
         result.token_ids.extend(update.new_token_ids)
         result.text += text.push(update.new_token_ids, update.finish_reason is not None)
         finish_reason = update.finish_reason
-        if finish_reason is None and text.stops.stopped:
+        if finish_reason is None and text.stopped:
             self.scheduler.abort(update.seq_id)
             finish_reason = "stop"
         if finish_reason is not None:

@@ -178,6 +178,7 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
 
         report["hf_decode"] = compare_decode(runner, decode, options.decode_context, progress)
     _write(report, Path(options.out_dir))
+    _record(report, config.model.cache_dir)
     _print_summary(report)
     runner.close()
     return report
@@ -194,6 +195,26 @@ def _ratios(runner, limits, prefill, decode, chunk_size) -> dict:
         ratios.update(weight_bytes=runner.weight_bytes, weight_stream_seconds=stream_s,
                       decode_batch1_over_weight_stream=batch1["step_seconds"] / stream_s)
     return ratios
+
+
+RECORD_NAME = "profile.json"
+
+
+def recorded_chunk_size(cache_dir: str) -> int | None:
+    """The ChunkSize the last `splitserve profile` on this machine recommended, if any."""
+    path = Path(cache_dir).expanduser() / RECORD_NAME
+    try:
+        return int(json.loads(path.read_text())["recommended_chunk_size"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _record(report: dict, cache_dir: str) -> None:
+    path = Path(cache_dir).expanduser() / RECORD_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"recommended_chunk_size": report["recommended_chunk_size"],
+                                "model": report["model"], "dtype": report["dtype"],
+                                "threads": report["threads"]}))
 
 
 def _write(report: dict, out_dir: Path) -> None:

@@ -1,0 +1,185 @@
+"""The async load client: replays a workload against an OpenAI-compatible /v1/completions.
+
+Each request is sent at its arrival offset whether or not earlier ones have finished (an open
+loop, as users behave), streamed over server-sent events, and timed on arrival of every chunk
+that carries text. One request's failure (HTTP status, error event, network error, timeout) is
+recorded on its own record and never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import httpx
+from tqdm import tqdm
+
+from bench.workload import BenchRequest
+from common.errors import SplitserveError
+
+_ERROR_BODY_CHARS = 500
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request. Times are seconds; offsets are from the start of the run."""
+
+    index: int
+    send_time: float
+    ttft: float | None = None  # first text chunk minus send_time; None if no text arrived
+    token_times: list[float] = field(default_factory=list)  # offset of each text-bearing chunk
+    jct: float | None = None  # from send to the end of the stream (or to the failure)
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    http_status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _error_message(error: object) -> str:
+    """The message of an OpenAI error object ({"message": ...}) or the value as text."""
+    if isinstance(error, dict) and error.get("message"):
+        error = error["message"]
+    return str(error)[:_ERROR_BODY_CHARS]
+
+
+def _error_text(body: bytes) -> str:
+    """The server's error message if the body is an OpenAI error response, else the raw body."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return text[:_ERROR_BODY_CHARS]
+    has_error = isinstance(parsed, dict) and parsed.get("error") is not None
+    return _error_message(parsed["error"] if has_error else text)
+
+
+def _absorb_chunk(record: RequestRecord, chunk: dict, now: float) -> None:
+    """Fold one streamed completion chunk (content or final usage) into the record."""
+    choices = chunk.get("choices") or []
+    if choices:
+        choice = choices[0]
+        if choice.get("text"):
+            if not record.token_times:
+                record.ttft = now - record.send_time
+            record.token_times.append(now)
+        if choice.get("finish_reason") is not None:
+            record.finish_reason = choice["finish_reason"]
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        record.prompt_tokens = usage.get("prompt_tokens")
+        record.output_tokens = usage.get("completion_tokens")
+
+
+def _parse_event(payload: str) -> dict | None:
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+async def _read_events(response: httpx.Response, record: RequestRecord, start: float) -> None:
+    """Consume the SSE stream until [DONE], recording chunks; sets record.error on failure."""
+    async for line in response.aiter_lines():
+        # Stamped on receipt, before parsing, so the client's own work does not count as latency.
+        now = time.perf_counter() - start
+        line = line.strip()
+        if not line.startswith("data:"):
+            continue  # blank separators, ": keep-alive" comments, event:/id: fields
+        payload = line[len("data:"):].strip()
+        if payload == "[DONE]":
+            return
+        event = _parse_event(payload)
+        if event is None:
+            record.error = f"malformed event: {payload[:_ERROR_BODY_CHARS]}"
+            return
+        if "error" in event:
+            record.error = f"error event: {_error_message(event['error'])}"
+            return
+        _absorb_chunk(record, event, now)
+    # A stream that stops without [DONE] was cut (server crash, proxy timeout): not a success.
+    record.error = "stream ended without [DONE]"
+
+
+def completion_payload(model: str, request: BenchRequest, ignore_eos: bool,
+                       temperature: float) -> dict:
+    """The JSON body of one streamed /v1/completions request."""
+    return {"model": model, "prompt": request.prompt, "max_tokens": request.max_tokens,
+            "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos}
+
+
+async def send_completion(client: httpx.AsyncClient, url: str, model: str,
+                          request: BenchRequest, ignore_eos: bool, temperature: float,
+                          start: float, index: int = 0) -> RequestRecord:
+    """Send one streamed completion and time it; `start` is the run's perf_counter origin."""
+    record = RequestRecord(index=index, send_time=time.perf_counter() - start)
+    payload = completion_payload(model, request, ignore_eos, temperature)
+    try:
+        async with client.stream("POST", f"{url.rstrip('/')}/v1/completions",
+                                 json=payload) as response:
+            record.http_status = response.status_code
+            if response.status_code != 200:
+                record.error = f"HTTP {response.status_code}: {_error_text(await response.aread())}"
+            else:
+                await _read_events(response, record, start)
+    # A run of thousands of requests must report a failure, not abort on it; the exception's
+    # type is kept because timeouts and resets often have empty messages.
+    except Exception as exc:  # noqa: BLE001
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.jct = time.perf_counter() - start - record.send_time
+    if record.ok and record.output_tokens is None:
+        # Servers without include_usage support: our gateway and vLLM send one token per chunk.
+        record.output_tokens = len(record.token_times)
+    return record
+
+
+async def served_model(url: str, timeout_s: float = 30.0,
+                       transport: httpx.AsyncBaseTransport | None = None) -> str:
+    """The first model id listed by the server's /v1/models."""
+    async with httpx.AsyncClient(timeout=timeout_s, transport=transport,
+                                 trust_env=False) as client:
+        try:
+            response = await client.get(f"{url.rstrip('/')}/v1/models")
+            response.raise_for_status()
+            return response.json()["data"][0]["id"]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise SplitserveError(f"cannot read the model name from {url}/v1/models "
+                                  f"({type(exc).__name__}: {exc}); pass --model") from exc
+
+
+async def run_load(url: str, model: str | None, requests: Sequence[BenchRequest],
+                   arrivals: Sequence[float], ignore_eos: bool = False, temperature: float = 0.0,
+                   timeout_s: float = 600, progress: bool = True,
+                   transport: httpx.AsyncBaseTransport | None = None) -> list[RequestRecord]:
+    """Send request i at offset arrivals[i] (open loop); records come back in request order."""
+    if len(requests) != len(arrivals):
+        raise ValueError(f"{len(requests)} requests but {len(arrivals)} arrival times")
+    if model is None:
+        model = await served_model(url, transport=transport)
+    # No pool limit: a capped pool would queue requests in the client and inflate their TTFT.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # trust_env=False: a proxy from the environment must not sit between us and the server.
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits,
+                                 transport=transport, trust_env=False) as client:
+        with tqdm(total=len(requests), desc="requests", unit="req", file=sys.stderr,
+                  disable=not progress) as bar:
+            start = time.perf_counter()
+
+            async def fire(index: int) -> RequestRecord:
+                await asyncio.sleep(max(0.0, arrivals[index] - (time.perf_counter() - start)))
+                record = await send_completion(client, url, model, requests[index], ignore_eos,
+                                               temperature, start, index=index)
+                bar.update(1)
+                return record
+
+            return list(await asyncio.gather(*(fire(i) for i in range(len(requests)))))

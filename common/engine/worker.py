@@ -1,0 +1,205 @@
+"""The instance process: one model load, one KV cache, the active role, and the loop that drives it.
+
+Each turn of the loop:
+  1. receive messages (waiting only while the role has nothing to run) and hand them to the role;
+  2. `role.poll()`: KV transfer completions, dispatch, leases and deadlines;
+  3. plan = role.schedule(); output = runner.execute(plan); role.update_from_output(plan, output);
+  4. flush generated tokens to the gateways, one TokenBatch per gateway;
+  5. every report interval: InstanceStats to each gateway; when idle, the KV integrity check.
+
+Roles and KV transfer backends are found by name in the `splitserve.roles` and
+`splitserve.kv_backends` entry-point groups, so this module never imports their packages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
+
+import zmq
+
+from common.block_pool import KVCacheManager
+from common.config import InstanceConfig
+from common.engine.model_runner import ModelRunner
+from common.messaging import Inbox, Outbox
+from common.plan import BatchPlan, ModelOutput
+from common.protocol import InstanceStats, Message, Shutdown, TokenBatch, TokenUpdate
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.02
+
+
+@dataclass
+class RoleContext:
+    """What a role may use: the engine, the block tables, transfer, and message sending."""
+
+    instance_id: str
+    config: InstanceConfig
+    runner: ModelRunner
+    kv: KVCacheManager
+    transfer: object  # kv_transfer.KVTransferBackend
+    outbox: Outbox
+    inbox_address: str
+    pending_tokens: dict[str, list[TokenUpdate]] = field(default_factory=lambda: defaultdict(list))
+
+    def send(self, address: str, message: Message) -> bool:
+        return self.outbox.send(address, message)
+
+    def emit(self, reply_to: str, update: TokenUpdate) -> None:
+        """Queue a token update for `reply_to`; the worker flushes once per loop turn."""
+        self.pending_tokens[reply_to].append(update)
+
+
+class Role(ABC):
+    """The active role of an instance. Subclasses register in `splitserve.roles`."""
+
+    name = "?"
+
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def handle(self, message: Message) -> None:
+        """React to one message from the gateway or a peer instance."""
+
+    @abstractmethod
+    def poll(self) -> None:
+        """Advance background work: transfers, dispatch, timeouts."""
+
+    @abstractmethod
+    def schedule(self) -> BatchPlan:
+        """The next forward (empty when nothing can run)."""
+
+    @abstractmethod
+    def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
+        """Absorb a forward's result and emit what it produced."""
+
+    @abstractmethod
+    def load(self) -> dict:
+        """num_waiting, num_running, num_transferring, num_queued_tokens for InstanceStats."""
+
+    @abstractmethod
+    def live_seq_ids(self) -> set[str]:
+        """Sequences that may own KV blocks right now (for the integrity check)."""
+
+    @property
+    @abstractmethod
+    def has_work(self) -> bool:
+        """True while a forward could run without a new message."""
+
+    @property
+    def wait_s(self) -> float:
+        """How long the loop may block on the inbox when there is no forward to run."""
+        return IDLE_WAIT_S
+
+
+def load_plugin(group: str, name: str):
+    """The class registered as `name` in entry-point `group` (pyproject.toml)."""
+    found = {ep.name: ep for ep in entry_points(group=group)}
+    if name not in found:
+        raise ValueError(f"unknown {group.split('.')[-1].rstrip('s')} {name!r}; installed: "
+                         f"{', '.join(sorted(found))}")
+    return found[name].load()
+
+
+def load_role(name: str, ctx: RoleContext) -> Role:
+    return load_plugin("splitserve.roles", name)(ctx)
+
+
+class InstanceWorker:
+    def __init__(self, config: InstanceConfig) -> None:
+        backend_cls = load_plugin("splitserve.kv_backends", config.transfer.backend)
+        if backend_cls.needs_shared_cache and not config.engine.cache.shared_memory:
+            config = replace(config, engine=replace(config.engine, cache=replace(
+                config.engine.cache, shared_memory=True)))
+        self.config = config
+        self.instance_id = config.instance_id or f"{config.role}-{uuid.uuid4().hex[:6]}"
+        self.runner = ModelRunner(config.engine)
+        layout = self.runner.kv_layout
+        self.zmq = zmq.Context()
+        self.inbox = Inbox(self.zmq, config.host)
+        self.outbox = Outbox(self.zmq)
+        self.transfer = backend_cls(self.runner.kv_cache, config.host, config.transfer)
+        self.ctx = RoleContext(self.instance_id, config, self.runner,
+                               KVCacheManager(layout.num_blocks, layout.block_size),
+                               self.transfer, self.outbox, self.inbox.address)
+        self.role = load_role(config.role, self.ctx)
+        self.running = True
+        self.busy_seconds = 0.0
+        self.integrity_violations = 0
+        self._next_report = 0.0
+
+    def stop(self, *_args) -> None:
+        self.running = False
+
+    def run(self) -> None:
+        self.transfer.start()
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        try:
+            while self.running:
+                self._turn()
+        finally:
+            self.close()
+
+    def _turn(self) -> None:
+        wait = 0.0 if self.role.has_work else self.role.wait_s
+        for message in self.inbox.receive(wait):
+            if isinstance(message, Shutdown):
+                self.running = False
+            else:
+                self.role.handle(message)
+        self.role.poll()
+        plan = self.role.schedule()
+        if not plan.is_empty:
+            output = self.runner.execute(plan)
+            self.busy_seconds += output.forward_seconds
+            self.role.update_from_output(plan, output)
+        self._flush_tokens()
+        if time.monotonic() >= self._next_report:
+            self._report()
+
+    def _flush_tokens(self) -> None:
+        pending = self.ctx.pending_tokens
+        for address, updates in pending.items():
+            self.outbox.send(address, TokenBatch(updates))
+        pending.clear()
+
+    def _report(self) -> None:
+        self._next_report = time.monotonic() + self.config.report_interval_s
+        if not self.role.has_work:
+            self.check_integrity()
+        stats = self.stats()
+        for gateway in self.config.gateways:
+            self.outbox.send(gateway, stats)
+
+    def check_integrity(self) -> bool:
+        try:
+            self.ctx.kv.check_integrity(self.role.live_seq_ids())
+            return True
+        except Exception as exc:  # a bookkeeping bug must be visible, not fatal
+            self.integrity_violations += 1
+            log.error("KV integrity violation: %s", exc)
+            return False
+
+    def stats(self) -> InstanceStats:
+        return InstanceStats(
+            instance_id=self.instance_id, role=self.role.name, inbox=self.inbox.address,
+            kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
+            max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
+            num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
+            timestamp=time.time(), pid=os.getpid(), **self.role.load())
+
+    def close(self) -> None:
+        self.transfer.close()
+        self.inbox.close()
+        self.outbox.close()
+        self.zmq.term()
+        self.runner.close()

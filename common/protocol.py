@@ -1,0 +1,142 @@
+"""Every message that crosses a process boundary, and the one codec for all of them.
+
+Messages are msgspec structs tagged with their class name and encoded as MessagePack. Who sends
+what:
+
+    gateway  -> prefill   GenerateRequest, AbortRequest, ClusterView (cluster monitor broadcast)
+    gateway  -> decode    AbortRequest
+    prefill  -> decode    KVTransferOffer (a prefilled sequence and where its KV blocks are)
+    decode   -> prefill   KVTransferDone (lease released: the blocks may be freed)
+    instance -> gateway   InstanceStats (every report interval), TokenBatch (generated tokens)
+    gateway  -> instance  Shutdown
+
+Every request has one id, set by the gateway, that every later message carries.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from common.sampling_params import SamplingParams
+
+
+class Message(msgspec.Struct, tag=True, omit_defaults=True):
+    """Base of all wire messages."""
+
+
+class GenerateRequest(Message):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    reply_to: str  # the inbox of the gateway that streams this request
+    arrival_time: float  # wall clock (time.time()) at the gateway
+    deadline: float = 0.0  # wall clock after which the request is dropped; 0 = none
+
+
+class AbortRequest(Message):
+    request_id: str
+    reason: str = "abort"
+
+
+class PeerInfo(msgspec.Struct, omit_defaults=True):
+    """What a prefill instance needs to know about one decode instance."""
+
+    instance_id: str
+    inbox: str
+    kv_endpoint: str
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+
+class ClusterView(Message):
+    decodes: list[PeerInfo]
+    timestamp: float = 0.0
+
+
+class KVTransferOffer(Message):
+    """A prefilled sequence ready to decode; its KV is in `block_ids` at `kv_endpoint`."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + the first generated token
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    reply_to: str
+    source_instance: str
+    source_inbox: str
+    kv_endpoint: str
+    block_ids: list[int]
+    num_cached_tokens: int  # tokens whose KV the blocks hold (the prompt)
+    lease_expires: float  # wall clock: the prefill instance frees the blocks after this
+    arrival_time: float = 0.0
+    deadline: float = 0.0  # the request's deadline (wall clock); 0 = none
+
+
+class KVTransferDone(Message):
+    request_id: str
+    ok: bool = True
+    error: str = ""
+
+
+class InstanceStats(Message):
+    """Load report; the first one registers the instance with a gateway."""
+
+    instance_id: str
+    role: str
+    inbox: str
+    kv_endpoint: str
+    model: str
+    max_model_len: int
+    num_total_blocks: int
+    num_free_blocks: int
+    num_waiting: int = 0  # queued, not started (prefill raw + scheduled; decode offers)
+    num_running: int = 0  # prefilling or decoding now
+    num_transferring: int = 0  # KV leases held (prefill) or reads in flight (decode)
+    num_queued_tokens: int = 0  # prompt tokens not yet prefilled (prefill) or waiting (decode)
+    busy_seconds: float = 0.0  # wall time spent in forwards since start
+    timestamp: float = 0.0
+    pid: int = 0
+
+
+class TokenUpdate(msgspec.Struct, omit_defaults=True):
+    request_id: str
+    token_ids: list[int] = []
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    instance_id: str = ""
+    next_instance: str = ""  # the decode instance a prefill handed the request to
+    error: str = ""
+
+
+class TokenBatch(Message):
+    items: list[TokenUpdate]
+
+
+class Shutdown(Message):
+    pass
+
+
+AnyMessage = Union[GenerateRequest, AbortRequest, ClusterView, KVTransferOffer, KVTransferDone,
+                   InstanceStats, TokenBatch, Shutdown]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyMessage)
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid message."""
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> Message:
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CodecError(str(exc)) from None

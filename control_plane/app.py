@@ -1,0 +1,197 @@
+"""The HTTP API (FastAPI): OpenAI completions and chat, models, health, cluster.
+
+Every error is OpenAI's error JSON: bad input is a 400 (malformed JSON, wrong types, unknown
+model, prompt or max_tokens over the context), no ready instance a 503, a failure inside the
+cluster a 500. Streams are server-sent events whose first chunk carries the first generated
+text (no role-only chunk ahead of it), with no comment or keep-alive lines; with
+`stream_options.include_usage` a last chunk with `choices: []` carries the usage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from common.errors import InvalidRequestError
+from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
+from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, ResponseBuilder,
+                                      check_supported, error_body, usage)
+
+log = logging.getLogger(__name__)
+DISCONNECT_POLL_S = 0.25
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, status), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0] if exc.errors() else {}
+    location = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(location) or None
+    message = first.get("msg", "invalid request")
+    return (f"{param}: {message}" if param else message), param
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+class Api:
+    """Request handling shared by the completions and chat endpoints."""
+
+    def __init__(self, gateway: Gateway, aliases: set[str]) -> None:
+        self.gateway = gateway
+        self.aliases = aliases | {gateway.served_name}
+
+    def prepare(self, body, chat: bool) -> tuple[list[int], object]:
+        if body.model not in self.aliases:
+            raise InvalidRequestError(f"the model `{body.model}` does not exist; this server "
+                                      f"serves `{self.gateway.served_name}`")
+        check_supported(body)
+        max_model_len = self.gateway.max_model_len
+        if max_model_len is None:
+            raise NoInstanceError("no instance has registered yet")
+        tokenizer = self.gateway.tokenizer
+        if chat:
+            prompt_ids = tokenizer.encode_chat(body.template_messages())
+        elif isinstance(body.prompt, list):
+            prompt_ids = [int(t) for t in body.prompt]
+        else:
+            prompt_ids = tokenizer.encode(body.prompt)
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        remaining = max_model_len - len(prompt_ids)
+        default_max = remaining if chat else min(16, remaining)
+        params = body.sampling_params(max(default_max, 1), tokenizer.eos_token_ids)
+        if len(prompt_ids) + params.max_tokens > max_model_len:
+            raise InvalidRequestError(
+                f"this model's maximum context length is {max_model_len} tokens, but "
+                f"{len(prompt_ids) + params.max_tokens} were requested ({len(prompt_ids)} in the "
+                f"prompt, {params.max_tokens} for the completion)")
+        return prompt_ids, params
+
+    async def handle(self, body, chat: bool, request: Request):
+        prompt_ids, params = self.prepare(body, chat)
+        handle = self.gateway.submit(prompt_ids, params)
+        builder = ResponseBuilder(chat, self.gateway.served_name)
+        if body.stream:
+            options = body.stream_options
+            return StreamingResponse(self._stream(handle, builder, options),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._complete(handle, builder, request)
+
+    async def _stream(self, handle: RequestHandle, builder: ResponseBuilder, options):
+        include_usage = bool(options and options.include_usage)
+        continuous = bool(options and options.continuous_usage_stats)
+        last = None
+        try:
+            async for event in self.gateway.events(handle):
+                last = event
+                if event.error:
+                    yield _sse(error_body(event.error, "server_error", None, 500))
+                    break
+                running = usage(event.num_prompt_tokens, event.num_output_tokens)
+                yield _sse(builder.chunk(event.text, event.finish_reason,
+                                         running if continuous else None))
+            if include_usage and last is not None and not last.error:
+                yield _sse(builder.usage_chunk(usage(last.num_prompt_tokens,
+                                                     last.num_output_tokens)))
+            yield _sse("[DONE]")
+        finally:
+            self.gateway.close(handle)  # aborts the request everywhere if the client left
+
+    async def _complete(self, handle: RequestHandle, builder: ResponseBuilder, request: Request):
+        collect = asyncio.create_task(self._collect(handle))
+        try:
+            while not collect.done():
+                await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
+                if not collect.done() and await request.is_disconnected():
+                    collect.cancel()
+                    return _error(499, "client disconnected", "client_closed_request")
+            text, last = collect.result()
+        finally:
+            if not collect.done():
+                collect.cancel()
+            self.gateway.close(handle)
+        if last is None or last.error:
+            return _error(500, (last.error if last else None) or "no output", "server_error")
+        return JSONResponse(builder.response(text, last.finish_reason,
+                                             usage(last.num_prompt_tokens,
+                                                   last.num_output_tokens)))
+
+    async def _collect(self, handle: RequestHandle):
+        parts, last = [], None
+        async for event in self.gateway.events(handle):
+            parts.append(event.text)
+            last = event
+        return "".join(parts), last
+
+
+def create_app(gateway: Gateway, aliases: set[str] | None = None, manage_gateway: bool = True
+               ) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app):
+        if manage_gateway:
+            await gateway.start()
+        yield
+        if manage_gateway:
+            await gateway.stop()
+
+    app = FastAPI(title="splitserve gateway", lifespan=lifespan)
+    api = Api(gateway, aliases or set())
+    _add_error_handlers(app)
+    _add_routes(app, api, gateway)
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, exc: RequestValidationError):
+        message, param = _validation_message(exc)
+        return _error(400, message, "invalid_request_error", param)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _bad(_request, exc: InvalidRequestError):
+        return _error(400, str(exc), "invalid_request_error")
+
+    @app.exception_handler(NoInstanceError)
+    async def _unavailable(_request, exc: NoInstanceError):
+        response = _error(503, str(exc), "service_unavailable")
+        response.headers["Retry-After"] = "1"
+        return response
+
+
+def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await api.handle(body, False, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await api.handle(body, True, request)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": gateway.served_name, "object": "model", "created": 0, "owned_by": "splitserve",
+            "max_model_len": gateway.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if gateway.is_serving():
+            return {"status": "ok"}
+        return _error(503, "waiting for a prefill and a decode instance", "service_unavailable")
+
+    @app.get("/cluster")
+    async def cluster():
+        return {"gateway": {"inbox": gateway.inbox_address,
+                            "requests_in_flight": len(gateway.handles)},
+                "instances": gateway.registry.describe()}

@@ -1,0 +1,90 @@
+"""What the gateway knows about the instances: the registry, readiness, load, and choices.
+
+Instances register with their first InstanceStats and report every 100 ms; one that has not
+reported for `instance_timeout_s` is not ready. The global scheduler's choice of a prefill
+instance is least loaded: prompt tokens it reported queued plus those this gateway sent it since
+that report (so a burst does not all land on the instance that looked idle a moment ago).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from common.protocol import InstanceStats, PeerInfo
+
+
+@dataclass
+class InstanceState:
+    stats: InstanceStats
+    last_seen: float  # time.monotonic()
+    sent_tokens_since_report: int = 0
+    sent_requests_since_report: int = 0
+    first_seen: float = field(default_factory=time.monotonic)
+
+
+class InstanceRegistry:
+    def __init__(self, instance_timeout_s: float) -> None:
+        self.instance_timeout_s = instance_timeout_s
+        self.instances: dict[str, InstanceState] = {}
+
+    def report(self, stats: InstanceStats) -> bool:
+        """Record a load report; True when the instance is new (or changed role)."""
+        state = self.instances.get(stats.instance_id)
+        is_new = state is None or state.stats.role != stats.role
+        if state is None:
+            self.instances[stats.instance_id] = InstanceState(stats, time.monotonic())
+        else:
+            state.stats, state.last_seen = stats, time.monotonic()
+            state.sent_tokens_since_report = state.sent_requests_since_report = 0
+        return is_new
+
+    def is_ready(self, state: InstanceState, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return now - state.last_seen <= self.instance_timeout_s
+
+    def ready(self, role: str) -> list[InstanceState]:
+        now = time.monotonic()
+        return [s for s in self.instances.values()
+                if s.stats.role == role and self.is_ready(s, now)]
+
+    def is_serving(self) -> bool:
+        return bool(self.ready("prefill")) and bool(self.ready("decode"))
+
+    def least_loaded_prefill(self) -> InstanceState | None:
+        candidates = self.ready("prefill")
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: (s.stats.num_queued_tokens + s.sent_tokens_since_report,
+                                              s.stats.num_waiting + s.sent_requests_since_report,
+                                              s.stats.instance_id))
+
+    def note_sent(self, state: InstanceState, num_tokens: int) -> None:
+        state.sent_tokens_since_report += num_tokens
+        state.sent_requests_since_report += 1
+
+    def decode_peers(self) -> list[PeerInfo]:
+        return [PeerInfo(s.stats.instance_id, s.stats.inbox, s.stats.kv_endpoint,
+                         s.stats.num_free_blocks, s.stats.num_total_blocks,
+                         s.stats.num_running, s.stats.num_waiting)
+                for s in self.ready("decode")]
+
+    def get(self, instance_id: str) -> InstanceState | None:
+        return self.instances.get(instance_id)
+
+    def describe(self) -> list[dict]:
+        now = time.monotonic()
+        rows = []
+        for state in sorted(self.instances.values(), key=lambda s: s.stats.instance_id):
+            s = state.stats
+            rows.append({
+                "instance_id": s.instance_id, "role": s.role, "ready": self.is_ready(state, now),
+                "inbox": s.inbox, "kv_endpoint": s.kv_endpoint, "pid": s.pid, "model": s.model,
+                "queue": {"waiting": s.num_waiting, "running": s.num_running,
+                          "transferring": s.num_transferring,
+                          "queued_tokens": s.num_queued_tokens},
+                "kv_blocks": {"total": s.num_total_blocks, "free": s.num_free_blocks,
+                              "used": s.num_total_blocks - s.num_free_blocks},
+                "busy_seconds": round(s.busy_seconds, 3),
+                "seconds_since_report": round(now - state.last_seen, 3)})
+        return rows

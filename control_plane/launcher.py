@@ -1,0 +1,123 @@
+"""Running the control plane: `splitserve gateway`, and `splitserve up` (gateway + instances).
+
+`up` resolves the model once, starts N prefill and M decode instance processes (each told to die
+with its parent), serves the gateway in this process, prints the URL once the cluster is ready,
+and stops every instance on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from common.config import GatewayConfig
+from common.model_files import resolve_model
+from common.tokenizer import TextTokenizer
+from control_plane.app import create_app
+from control_plane.gateway import Gateway
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
+    resolved = resolve_model(config.model, Path(config.cache_dir).expanduser(), in_subprocess=True)
+    tokenizer = TextTokenizer(resolved.hf_dir)
+    served = config.served_name or resolved.name
+    aliases = {served, resolved.name, str(resolved.source), str(resolved.hf_dir)}
+    if config.model:
+        aliases.add(config.model)
+    return Gateway(config, tokenizer, served), aliases
+
+
+def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None) -> None:
+    """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves."""
+    config = gateway.config
+    app = create_app(gateway, aliases)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level="warning", access_log=False,
+                                           timeout_graceful_shutdown=5))
+    if on_ready is not None:
+        threading.Thread(target=_announce, args=(server, gateway, on_ready), daemon=True).start()
+    server.run()
+
+
+def _announce(server: uvicorn.Server, gateway: Gateway, on_ready) -> None:
+    while not server.should_exit:
+        if server.started and gateway.is_serving():
+            on_ready(f"http://{gateway.config.host}:{gateway.config.port}")
+            return
+        time.sleep(0.2)
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@dataclass
+class InstanceProcess:
+    role: str
+    process: subprocess.Popen
+
+
+def spawn_instance(role: str, index: int, instance_args: list[str], gateway_inbox: str,
+                   log_dir: Path | None) -> InstanceProcess:
+    command = [sys.executable, "-m", "control_plane.cli", "instance", "--role", role,
+               "--instance-id", f"{role}-{index}", "--gateway", gateway_inbox, *instance_args]
+    output = None
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        output = open(log_dir / f"{role}-{index}.log", "w")
+    process = subprocess.Popen(command, stdout=output, stderr=output or None,
+                               preexec_fn=_die_with_parent)
+    return InstanceProcess(role, process)
+
+
+def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> None:
+    for inst in instances:
+        if inst.process.poll() is None:
+            inst.process.terminate()
+    deadline = time.monotonic() + grace_s
+    for inst in instances:
+        try:
+            inst.process.wait(max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            inst.process.kill()
+            inst.process.wait()
+
+
+def run_up(config: GatewayConfig, num_prefill: int, num_decode: int, instance_args: list[str],
+           log_dir: Path | None = None) -> None:
+    gateway, aliases = build_gateway(config)  # resolves (and converts) the model once
+    inbox = f"tcp://{config.host}:{config.inbox_port}"
+    instances = [spawn_instance("prefill", i, instance_args, inbox, log_dir)
+                 for i in range(num_prefill)]
+    instances += [spawn_instance("decode", i, instance_args, inbox, log_dir)
+                  for i in range(num_decode)]
+    print(f"splitserve: starting {num_prefill} prefill + {num_decode} decode instances "
+          f"(model {gateway.served_name}); gateway at http://{config.host}:{config.port}",
+          flush=True)
+    try:
+        serve_gateway(gateway, aliases,
+                      on_ready=lambda url: print(f"splitserve: ready at {url} "
+                                                 f"(Ctrl-C to stop)", flush=True))
+    finally:
+        stop_instances(instances)

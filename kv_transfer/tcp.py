@@ -1,0 +1,135 @@
+"""Transfer over TCP with ZeroMQ: a server thread answers block reads with zero-copy frames.
+
+Server (every instance): a ROUTER socket; a request names block ids, the reply is a header and
+one frame holding those blocks gathered into [layers, 2, n, block_size, kv_heads, head_dim],
+sent without copying the gathered buffer again. Client (the reading instance's worker thread):
+one DEALER socket per peer; a reply is matched to its request by a sequence number, so a late
+reply to a timed-out read is discarded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import msgspec
+import torch
+import zmq
+
+from kv_transfer.base import KVTransferBackend, ReadJob, TransferError
+
+PREFIX = "tcp://"
+_POLL_MS = 100
+
+
+class _ReadRequest(msgspec.Struct):
+    seq: int
+    block_ids: list[int]
+
+
+class _ReadReply(msgspec.Struct):
+    seq: int
+    ok: bool
+    error: str = ""
+
+
+class TcpBackend(KVTransferBackend):
+    name = "tcp"
+
+    def __init__(self, kv_cache, host, config) -> None:
+        super().__init__(kv_cache, host, config)
+        self._ctx = zmq.Context.instance()
+        self._server = self._ctx.socket(zmq.ROUTER)
+        self._server.setsockopt(zmq.LINGER, 0)
+        self._server.bind(f"tcp://{host}:*")
+        self._endpoint = self._server.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._stop = threading.Event()
+        self._server_thread = threading.Thread(target=self._serve, name="kv-tcp-server",
+                                               daemon=True)
+        self._clients: dict[str, zmq.Socket] = {}  # used by the worker thread only
+        self._seq = 0
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    def start(self) -> None:
+        self._server_thread.start()
+        super().start()
+
+    # -- server side ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self._server.poll(_POLL_MS):
+                continue
+            identity, payload = self._server.recv_multipart()
+            self._answer(identity, payload)
+        self._server.close(0)
+
+    def _answer(self, identity: bytes, payload: bytes) -> None:
+        try:
+            request = msgspec.msgpack.decode(payload, type=_ReadRequest)
+        except msgspec.DecodeError:
+            return
+        try:
+            index = torch.tensor(request.block_ids, dtype=torch.long)
+            data = self.kv_cache.tensor.index_select(2, index)
+        except (IndexError, RuntimeError) as exc:
+            reply = _ReadReply(request.seq, False, str(exc))
+            self._server.send_multipart([identity, msgspec.msgpack.encode(reply)])
+            return
+        frame = data.view(torch.uint8).numpy()
+        self._server.send_multipart([identity, msgspec.msgpack.encode(_ReadReply(request.seq,
+                                                                                 True)), frame],
+                                    copy=False)
+
+    # -- client side (worker thread) -----------------------------------------------------------
+    def _client(self, endpoint: str) -> zmq.Socket:
+        sock = self._clients.get(endpoint)
+        if sock is None:
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(endpoint)
+            self._clients[endpoint] = sock
+        return sock
+
+    def _drop_client(self, endpoint: str) -> None:
+        sock = self._clients.pop(endpoint, None)
+        if sock is not None:
+            sock.close(0)
+
+    def _read(self, job: ReadJob) -> int:
+        if not job.endpoint.startswith(PREFIX):
+            raise ValueError(f"not a TCP endpoint: {job.endpoint}")
+        self._seq += 1
+        sock = self._client(job.endpoint)
+        sock.send(msgspec.msgpack.encode(_ReadRequest(self._seq, job.remote_block_ids)))
+        frames = self._await_reply(sock, job)
+        reply = msgspec.msgpack.decode(frames[0].bytes, type=_ReadReply)
+        if not reply.ok:
+            raise TransferError(f"peer refused the read: {reply.error}")
+        layout = self.kv_cache.layout
+        shape = (*layout.shape[:2], len(job.remote_block_ids), *layout.shape[3:])
+        data = torch.frombuffer(frames[1].buffer, dtype=torch.uint8)
+        data = data.view(self.kv_cache.tensor.dtype).view(shape)
+        index = torch.tensor(job.local_block_ids, dtype=torch.long)
+        self.kv_cache.tensor.index_copy_(2, index, data)
+        return data.numel() * data.element_size()
+
+    def _await_reply(self, sock: zmq.Socket, job: ReadJob) -> list:
+        while True:
+            remaining = job.deadline - time.monotonic()
+            if remaining <= 0 or not sock.poll(int(max(remaining, 0) * 1000)):
+                self._drop_client(job.endpoint)  # a fresh socket next time, no stale replies
+                raise TimeoutError(f"no reply from {job.endpoint} before the deadline")
+            frames = sock.recv_multipart(copy=False)
+            if msgspec.msgpack.decode(frames[0].bytes, type=_ReadReply).seq == self._seq:
+                return frames
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+        if self._server_thread.is_alive():
+            self._server_thread.join(timeout=2)
+        for endpoint in list(self._clients):
+            self._drop_client(endpoint)

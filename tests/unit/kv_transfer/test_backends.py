@@ -1,0 +1,80 @@
+"""Both transfer backends move exactly the named blocks, and fail cleanly when the peer can't."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from common.config import TransferConfig
+from common.engine.kv_cache import KVCache, KVLayout
+from kv_transfer import make_backend
+from kv_transfer.base import ReadJob, copy_blocks
+
+LAYOUT = KVLayout(num_layers=3, num_blocks=32, block_size=4, num_kv_heads=2, head_dim=8,
+                  dtype="bfloat16")
+
+
+def wait_results(backend, count, timeout=10.0):
+    results, deadline = [], time.monotonic() + timeout
+    while len(results) < count and time.monotonic() < deadline:
+        results += backend.poll()
+        time.sleep(0.005)
+    return results
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def pair(request):
+    source = KVCache(LAYOUT, shared_memory=True)
+    target = KVCache(LAYOUT, shared_memory=True)
+    source.tensor.normal_()
+    config = TransferConfig(backend=request.param)
+    serve = make_backend(request.param, source, "127.0.0.1", config)
+    read = make_backend(request.param, target, "127.0.0.1", config)
+    serve.start()
+    read.start()
+    yield serve, read, source, target
+    serve.close()
+    read.close()
+    source.close()
+    target.close()
+
+
+def test_read_copies_exactly_the_named_blocks(pair):
+    serve, read, source, target = pair
+    remote, local = [3, 4, 5, 9, 17], [0, 1, 7, 8, 2]
+    read.submit(ReadJob("r1", serve.endpoint, remote, local, time.monotonic() + 5))
+    [result] = wait_results(read, 1)
+    assert result.ok, result.error
+    assert result.num_bytes == len(remote) * LAYOUT.bytes_per_block
+    for r, l in zip(remote, local):
+        assert torch.equal(target.tensor[:, :, l], source.tensor[:, :, r])
+    untouched = [b for b in range(LAYOUT.num_blocks) if b not in local]
+    assert not target.tensor[:, :, untouched].any()
+
+
+def test_cancelled_job_reports_failure_without_writing(pair):
+    serve, read, source, target = pair
+    read.cancel("r2")
+    read.submit(ReadJob("r2", serve.endpoint, [1], [1], time.monotonic() + 5))
+    [result] = wait_results(read, 1)
+    assert not result.ok and result.error == "cancelled"
+    assert not target.tensor.any()
+
+
+def test_unreachable_peer_fails_by_deadline(pair):
+    serve, read, source, target = pair
+    bad = "tcp://127.0.0.1:1" if read.name == "tcp" else "shm:///proc/999999/fd/3"
+    started = time.monotonic()
+    read.submit(ReadJob("r3", bad, [1], [1], time.monotonic() + 0.5))
+    [result] = wait_results(read, 1)
+    assert not result.ok
+    assert time.monotonic() - started < 3
+
+
+def test_copy_blocks_groups_runs():
+    src = torch.arange(2 * 2 * 10).view(2, 2, 10).float()
+    dst = torch.zeros_like(src)
+    copy_blocks(src, [2, 3, 4, 8], dst, [5, 6, 7, 0])
+    assert dst[:, :, 5:8].equal(src[:, :, 2:5]) and dst[:, :, 0].equal(src[:, :, 8])
