@@ -141,9 +141,16 @@ class InstanceConfig:
     report_interval_s: float = 0.1
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    # With a store URL (redis://...), load reports and broadcasts go through the store and
+    # several gateways share the cluster; without, through the gateways' inboxes.
+    store_url: str | None = None
+    store_prefix: str = "splitserve"
+    heartbeat_ttl_s: float = 2.0  # an instance silent this long is removed from the registry
 
     def __post_init__(self) -> None:
         _require(self.report_interval_s > 0, "report interval must be > 0")
+        _require(self.heartbeat_ttl_s > self.report_interval_s,
+                 "the heartbeat TTL must exceed the report interval")
 
 
 @dataclass(frozen=True)
@@ -156,8 +163,13 @@ class GatewayConfig:
     cache_dir: str = "~/.cache/splitserve"
     request_timeout_s: float = 600.0  # a request never waits longer than this in total
     token_timeout_s: float = 60.0  # ... nor longer than this for its next token
-    instance_timeout_s: float = 2.0  # an instance silent this long is not ready
+    instance_timeout_s: float = 2.0  # an instance silent this long is declared dead
     broadcast_interval_s: float = 0.1  # cluster monitor broadcast to prefill instances
+    store_url: str | None = None  # redis://... shared by gateway replicas; None = in-process
+    store_prefix: str = "splitserve"
+    gateway_id: str = ""  # unique per replica; "" = generated
+    max_recoveries: int = 2  # times a request is run again after its instance failed
+    flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
 
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")

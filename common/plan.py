@@ -35,18 +35,33 @@ class BatchPlan:
     # never cached or sampled.
     num_padding_tokens: int = 0
     return_logits: bool = False  # keep the sampled rows' logits in the output (tests, analysis)
+    # Keep the final hidden state of each sampled row (the last prompt token at the end of a
+    # prefill): the length predictor's probe reads it, so prediction costs no extra forward.
+    return_hidden: bool = False
+    # KV copies to the second (host) tier and back, run by the runner before the forward, all
+    # swap-outs first (common.engine.swap): (device block, host block) and (host block, device
+    # block) pairs. The scheduler has already moved the block ownership (common.schedulers.swapping).
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks) + self.num_padding_tokens
 
     @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
+
+    @property
     def is_empty(self) -> bool:
-        return not self.chunks
+        # A plan of swaps alone still has work for the runner: skipping it would leave the
+        # scheduler's block ownership out of step with the cache's contents.
+        return not self.chunks and not self.has_swaps
 
 
 @dataclass
 class ModelOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logits: dict = field(default_factory=dict)  # seq_id -> [vocab] float32, when asked for
+    hidden: dict = field(default_factory=dict)  # seq_id -> [hidden_size] float32, when asked for
     forward_seconds: float = 0.0

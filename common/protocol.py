@@ -3,12 +3,14 @@
 Messages are msgspec structs tagged with their class name and encoded as MessagePack. Who sends
 what:
 
-    gateway  -> prefill   GenerateRequest, AbortRequest, ClusterView (cluster monitor broadcast)
+    gateway  -> prefill   GenerateRequest, AbortRequest, ClusterView (cluster monitor broadcast,
+                          over the gateway inbox or the store's pub/sub)
     gateway  -> decode    AbortRequest
+    gateway  -> instance  FlipCommand, Shutdown
     prefill  -> decode    KVTransferOffer (a prefilled sequence and where its KV blocks are)
     decode   -> prefill   KVTransferDone (lease released: the blocks may be freed)
-    instance -> gateway   InstanceStats (every report interval), TokenBatch (generated tokens)
-    gateway  -> instance  Shutdown
+    instance -> gateway   InstanceStats (every report interval, or to the store), TokenBatch
+                          (generated tokens), FlipReport
 
 Every request has one id, set by the gateway, that every later message carries.
 """
@@ -33,6 +35,9 @@ class GenerateRequest(Message):
     reply_to: str  # the inbox of the gateway that streams this request
     arrival_time: float  # wall clock (time.time()) at the gateway
     deadline: float = 0.0  # wall clock after which the request is dropped; 0 = none
+    # A recovered request: the last `num_generated` tokens of prompt_token_ids were already
+    # generated (and streamed) by an instance that failed; they count as output.
+    num_generated: int = 0
 
 
 class AbortRequest(Message):
@@ -53,7 +58,25 @@ class PeerInfo(msgspec.Struct, omit_defaults=True):
 
 
 class ClusterView(Message):
-    decodes: list[PeerInfo]
+    decodes: list[PeerInfo]  # ready decode instances that accept new sequences
+    timestamp: float = 0.0
+    dead: list[str] = []  # instances declared dead recently: leases held for them are void
+
+
+class FlipCommand(Message):
+    """Drain, then switch this instance to `target_role` (no model reload)."""
+
+    flip_id: str
+    target_role: str
+
+
+class FlipReport(Message):
+    flip_id: str
+    instance_id: str
+    from_role: str
+    to_role: str
+    drain_seconds: float
+    switch_seconds: float  # constructing the new role, drain excluded
     timestamp: float = 0.0
 
 
@@ -99,6 +122,9 @@ class InstanceStats(Message):
     busy_seconds: float = 0.0  # wall time spent in forwards since start
     timestamp: float = 0.0
     pid: int = 0
+    draining: bool = False  # flipping: route no new work here
+    num_heavy_decodes: int = 0  # running decodes predicted heavy (output > 128 tokens)
+    num_light_decodes: int = 0
 
 
 class TokenUpdate(msgspec.Struct, omit_defaults=True):
@@ -110,6 +136,7 @@ class TokenUpdate(msgspec.Struct, omit_defaults=True):
     instance_id: str = ""
     next_instance: str = ""  # the decode instance a prefill handed the request to
     error: str = ""
+    recoverable: bool = False  # the error lost no output: the gateway may run it again elsewhere
 
 
 class TokenBatch(Message):
@@ -121,7 +148,7 @@ class Shutdown(Message):
 
 
 AnyMessage = Union[GenerateRequest, AbortRequest, ClusterView, KVTransferOffer, KVTransferDone,
-                   InstanceStats, TokenBatch, Shutdown]
+                   InstanceStats, TokenBatch, Shutdown, FlipCommand, FlipReport]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)
@@ -138,5 +165,5 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> Message:
     try:
         return _decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise CodecError(str(exc)) from None

@@ -90,7 +90,7 @@ class CompletionRequest(_CommonRequest):
         return value
 
     def unsupported(self) -> str | None:
-        if self.logprobs:
+        if self.logprobs is not None:  # even 0 asks for the sampled token's logprob
             return "logprobs are not supported"
         if self.echo:
             return "echo is not supported"

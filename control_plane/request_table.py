@@ -3,9 +3,9 @@
 `RequestTable` is the store interface; `InMemoryRequestTable` keeps it in this process (the
 `splitserve up` default). A request's phases follow one path, each step stamped:
 
-    QUEUED -> PREFILLING -> DECODING -> FINISHED        (or FAILED / ABORTED from any phase)
+    QUEUED -> PREFILLED -> DECODING -> FINISHED        (or FAILED / ABORTED from any phase)
 
-QUEUED means sent to a prefill instance; PREFILLING starts at the first token (prefill done);
+QUEUED means sent to a prefill instance; PREFILLED is stamped at the first token (prefill done);
 DECODING at the hand-off to a decode instance.
 """
 

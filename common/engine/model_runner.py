@@ -117,13 +117,16 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, attention)
         output = ModelOutput()
         if batch.sample_rows:
-            logits = self.model.compute_logits(hidden[batch.sample_rows])
+            sampled_hidden = hidden[batch.sample_rows]
+            logits = self.model.compute_logits(sampled_hidden)
             tokens = self.sampler(logits, [c.sampling for c in batch.sample_chunks],
                                   [c.num_output_tokens for c in batch.sample_chunks])
             for i, (chunk, token) in enumerate(zip(batch.sample_chunks, tokens)):
                 output.sampled_token_ids[chunk.seq_id] = token
                 if plan.return_logits:
                     output.logits[chunk.seq_id] = logits[i].clone()
+                if plan.return_hidden:
+                    output.hidden[chunk.seq_id] = sampled_hidden[i].float().cpu()
         output.forward_seconds = time.perf_counter() - started
         return output
 

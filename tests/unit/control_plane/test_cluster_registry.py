@@ -1,0 +1,181 @@
+"""The gateway's instance registry: registration, readiness, least-loaded choice, descriptions."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.protocol import InstanceStats, PeerInfo
+from control_plane import cluster
+from control_plane.cluster import InstanceRegistry
+
+TIMEOUT = 0.5
+
+
+class FakeClock:
+    """Stands in for the `time` module inside control_plane.cluster."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1.7e9 + self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(cluster, "time", fake)
+    return fake
+
+
+@pytest.fixture
+def registry(clock):
+    return InstanceRegistry(instance_timeout_s=TIMEOUT)
+
+
+def stats(instance_id, role="prefill", queued=0, waiting=0, running=0, free=80, total=100,
+          **extra):
+    return InstanceStats(instance_id, role, f"tcp://{instance_id}:1", f"tcp://{instance_id}:2",
+                         "some/model", 2048, num_total_blocks=total, num_free_blocks=free,
+                         num_waiting=waiting, num_running=running, num_queued_tokens=queued,
+                         **extra)
+
+
+def test_first_report_registers(registry):
+    assert registry.report(stats("p0")) is True
+    assert registry.report(stats("p0", queued=5)) is False
+    state = registry.get("p0")
+    assert state.stats.num_queued_tokens == 5  # the latest report replaces the old one
+    assert registry.get("nobody") is None
+    assert list(registry.instances) == ["p0"]
+
+
+def test_role_change_counts_as_new(registry):
+    registry.report(stats("x", role="prefill"))
+    assert registry.report(stats("x", role="decode")) is True
+    assert registry.ready("prefill") == [] and len(registry.ready("decode")) == 1
+
+
+def test_readiness_expires_and_comes_back(registry, clock):
+    registry.report(stats("p0"))
+    state = registry.get("p0")
+    assert registry.is_ready(state)
+    clock.advance(TIMEOUT)  # exactly at the limit: still ready
+    assert registry.is_ready(state)
+    clock.advance(0.001)
+    assert not registry.is_ready(state)
+    assert registry.ready("prefill") == [] and registry.least_loaded_prefill() is None
+    assert registry.get("p0") is state  # not ready, but still known
+    registry.report(stats("p0"))
+    assert registry.is_ready(state) and registry.ready("prefill") == [state]
+
+
+def test_is_ready_with_explicit_now(registry, clock):
+    registry.report(stats("p0"))
+    state = registry.get("p0")
+    assert registry.is_ready(state, now=clock.now + TIMEOUT)
+    assert not registry.is_ready(state, now=clock.now + TIMEOUT + 0.01)
+
+
+def test_is_serving_needs_a_ready_instance_of_each_role(registry, clock):
+    assert not registry.is_serving()
+    registry.report(stats("p0", role="prefill"))
+    assert not registry.is_serving()
+    clock.advance(0.4)
+    registry.report(stats("d0", role="decode"))
+    assert registry.is_serving()
+    clock.advance(0.2)  # the prefill goes silent past the timeout
+    assert not registry.is_serving()
+    registry.report(stats("p1", role="prefill"))
+    assert registry.is_serving()
+
+
+def test_least_loaded_prefill_by_queued_tokens(registry):
+    registry.report(stats("p0", queued=500))
+    registry.report(stats("p1", queued=100))
+    registry.report(stats("p2", queued=300))
+    registry.report(stats("d0", role="decode", queued=0))  # decodes are never chosen
+    assert registry.least_loaded_prefill().stats.instance_id == "p1"
+
+
+def test_least_loaded_counts_tokens_sent_since_the_last_report(registry):
+    registry.report(stats("p0", queued=100))
+    registry.report(stats("p1", queued=150))
+    p0 = registry.least_loaded_prefill()
+    assert p0.stats.instance_id == "p0"
+    registry.note_sent(p0, 80)  # 180 vs 150
+    assert p0.sent_tokens_since_report == 80 and p0.sent_requests_since_report == 1
+    p1 = registry.least_loaded_prefill()
+    assert p1.stats.instance_id == "p1"
+    registry.note_sent(p1, 10)  # 180 vs 160
+    registry.note_sent(p1, 10)  # 180 vs 170
+    assert registry.least_loaded_prefill() is p1
+    assert p1.sent_requests_since_report == 2
+
+
+def test_report_resets_sent_counters(registry):
+    registry.report(stats("p0", queued=0))
+    registry.report(stats("p1", queued=50))
+    p0 = registry.get("p0")
+    registry.note_sent(p0, 100)
+    assert registry.least_loaded_prefill().stats.instance_id == "p1"
+    registry.report(stats("p0", queued=10))  # the report now includes what was sent
+    assert (p0.sent_tokens_since_report, p0.sent_requests_since_report) == (0, 0)
+    assert registry.least_loaded_prefill() is p0
+
+
+def test_least_loaded_ties_broken_by_waiting_then_id(registry):
+    registry.report(stats("p1", queued=10, waiting=1))
+    registry.report(stats("p0", queued=10, waiting=1))
+    registry.report(stats("p2", queued=10, waiting=0))
+    assert registry.least_loaded_prefill().stats.instance_id == "p2"
+    registry.note_sent(registry.get("p2"), 0)  # a zero-token request still counts as queued
+    assert registry.least_loaded_prefill().stats.instance_id == "p0"
+
+
+def test_least_loaded_skips_instances_that_are_not_ready(registry, clock):
+    registry.report(stats("idle", queued=0))
+    clock.advance(0.3)
+    registry.report(stats("busy", queued=1000))
+    clock.advance(0.3)  # "idle" last reported 0.6 s ago
+    assert registry.least_loaded_prefill().stats.instance_id == "busy"
+
+
+def test_decode_peers_lists_only_ready_decodes(registry, clock):
+    registry.report(stats("d-old", role="decode"))
+    clock.advance(0.3)
+    registry.report(stats("d1", role="decode", free=30, total=64, running=5, waiting=2))
+    registry.report(stats("p0", role="prefill"))
+    clock.advance(0.3)
+    peers = registry.decode_peers()
+    assert peers == [PeerInfo("d1", "tcp://d1:1", "tcp://d1:2", num_free_blocks=30,
+                              num_total_blocks=64, num_running=5, num_waiting=2)]
+    assert all(type(p) is PeerInfo for p in peers)
+    clock.advance(1.0)
+    assert registry.decode_peers() == []
+
+
+def test_describe_fields(registry, clock):
+    registry.report(stats("p1", queued=42, waiting=3, running=2, free=30, total=100,
+                          num_transferring=4, busy_seconds=1.23456, pid=777))
+    registry.report(stats("d0", role="decode", free=10, total=64))
+    clock.advance(0.25)
+    rows = registry.describe()
+    assert [r["instance_id"] for r in rows] == ["d0", "p1"]  # sorted by id
+    p1 = rows[1]
+    assert p1 == {
+        "instance_id": "p1", "role": "prefill", "ready": True, "inbox": "tcp://p1:1",
+        "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model",
+        "queue": {"waiting": 3, "running": 2, "transferring": 4, "queued_tokens": 42},
+        "kv_blocks": {"total": 100, "free": 30, "used": 70},
+        "busy_seconds": 1.235, "seconds_since_report": 0.25}
+    assert rows[0]["kv_blocks"] == {"total": 64, "free": 10, "used": 54}
+    clock.advance(1.0)
+    assert [r["ready"] for r in registry.describe()] == [False, False]
+    assert registry.describe()[0]["seconds_since_report"] == 1.25
