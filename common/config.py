@@ -170,6 +170,7 @@ class GatewayConfig:
     gateway_id: str = ""  # unique per replica; "" = generated
     max_recoveries: int = 2  # times a request is run again after its instance failed
     flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
+    flip_options: tuple[tuple[str, float], ...] = ()  # policy/watcher knobs, e.g. cooldown_s
 
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")

@@ -40,7 +40,8 @@ class BatchPlan:
     return_hidden: bool = False
     # KV copies to the second (host) tier and back, run by the runner before the forward, all
     # swap-outs first (common.engine.swap): (device block, host block) and (host block, device
-    # block) pairs. The scheduler has already moved the block ownership (common.schedulers.swapping).
+    # block) pairs. The scheduler has already moved the blocks' ownership
+    # (common.schedulers.swapping).
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
 

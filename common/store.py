@@ -24,12 +24,15 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections import defaultdict
+from collections import defaultdict, deque
 
 from common.protocol import InstanceStats, Message, decode, encode
 
 FINISHED_REQUEST_TTL_S = 3600
 MAX_FLIPS = 1000
+MAX_FINISHED_REQUESTS = 10_000  # the in-process store's stand-in for Redis' expiry
+CLUSTER_VIEW_CHANNEL = "cluster-view"  # monitor -> prefill instances: decode loads
+FLIP_REPORT_CHANNEL = "flip-reports"  # instances -> leading gateway
 
 
 class StoreUnavailable(RuntimeError):
@@ -131,6 +134,7 @@ class InProcessStore(ControlStore):
         self._subscribers: dict[str, list[_QueueSubscription]] = defaultdict(list)
         self._requests: dict[str, dict] = {}
         self._active: set[str] = set()
+        self._finished: deque[str] = deque()  # bounded, as Redis expires finished requests
         self._leader: tuple[str, float] | None = None
         self._flips: list[dict] = []
 
@@ -175,6 +179,9 @@ class InProcessStore(ControlStore):
         with self._lock:
             self._requests.setdefault(request_id, {}).update(fields)
             self._active.discard(request_id)
+            self._finished.append(request_id)
+            while len(self._finished) > MAX_FINISHED_REQUESTS:
+                self._requests.pop(self._finished.popleft(), None)
 
     def get_request(self, request_id):
         with self._lock:

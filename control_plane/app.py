@@ -17,14 +17,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel
 
 from common.errors import InvalidRequestError
 from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
+from control_plane.monitor import FlipError
 from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, ResponseBuilder,
                                       check_supported, error_body, usage)
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
+
+
+class FlipBody(BaseModel):
+    instance_id: str
+    role: str
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
@@ -192,6 +199,24 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
 
     @app.get("/cluster")
     async def cluster():
-        return {"gateway": {"inbox": gateway.inbox_address,
+        monitor = gateway.monitor
+        try:
+            flips = gateway.store.flips()[:50]
+        except Exception:  # store unreachable: the rest of the view is still useful
+            flips = None
+        return {"gateway": {"id": gateway.gateway_id, "inbox": gateway.inbox_address,
+                            "leader": bool(monitor and monitor.is_leader),
                             "requests_in_flight": len(gateway.handles)},
-                "instances": gateway.registry.describe()}
+                "instances": gateway.registry.describe(), "flips": flips}
+
+    @app.post("/cluster/flip")
+    async def flip(body: FlipBody):
+        try:
+            flip_id = gateway.monitor.flip(body.instance_id, body.role)
+        except FlipError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        return {"flip_id": flip_id, "instance_id": body.instance_id, "role": body.role}
+
+    @app.get("/cluster/timeline")
+    async def timeline(since: float = 0.0):
+        return {"samples": [s for s in list(gateway.monitor.timeline) if s["time"] >= since]}

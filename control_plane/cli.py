@@ -123,13 +123,16 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pad-chunks", action="store_true",
                        help="zero-pad the last prefill chunk to ChunkSize")
     group.add_argument("--lease-timeout", type=float, default=30.0)
+    group.add_argument("--heartbeat-ttl", type=float, default=2.0,
+                       help="an instance silent this long is removed (with --redis)")
 
 
 def instance_config(args: argparse.Namespace) -> InstanceConfig:
     return InstanceConfig(
         engine=engine_config(args), role=args.role, instance_id=args.instance_id or "",
         host=args.host, gateways=tuple(args.gateway or ()),
-        report_interval_s=args.report_interval,
+        report_interval_s=args.report_interval, store_url=args.redis,
+        store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout),
@@ -150,9 +153,18 @@ def _add_instance(sub) -> None:
                    help="a gateway inbox (tcp://host:port) to report to (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind the inbox and KV to")
     p.add_argument("--instance-id", default=None)
+    add_store_args(p)
     add_instance_args(p)
     add_engine_args(p)
     p.set_defaults(handler=_cmd_instance)
+
+
+def add_store_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("control-plane store")
+    group.add_argument("--redis", default=None, metavar="URL",
+                       help="redis://[:password@]host:port/db (rediss:// for TLS); several "
+                            "gateways then share one cluster. Default: in-process store")
+    group.add_argument("--store-prefix", default="splitserve", help="Redis key prefix")
 
 
 def add_gateway_args(parser: argparse.ArgumentParser) -> None:
@@ -162,13 +174,39 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--served-name", default=None, help="model name in the API")
     group.add_argument("--request-timeout", type=float, default=600.0)
     group.add_argument("--token-timeout", type=float, default=60.0)
+    group.add_argument("--gateway-id", default="", help="unique per gateway replica")
+    group.add_argument("--flip-policy", default="none",
+                       help="transition watcher: none, idle, load-ratio, queue-delay")
+    group.add_argument("--flip-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="transition watcher knob, e.g. cooldown_s=10, sustain_ticks=3, "
+                            "idle_s=60, ratio=3 (repeatable)")
+    group.add_argument("--max-recoveries", type=int, default=2,
+                       help="times a request runs again after its instance failed")
+    group.add_argument("--instance-timeout", type=float, default=2.0,
+                       help="an instance silent this long is declared dead")
+
+
+def _flip_options(pairs: list[str]) -> tuple[tuple[str, float], ...]:
+    options = []
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            options.append((key.strip(), float(value)))
+        except ValueError:
+            raise ConfigError(f"--flip-option expects KEY=NUMBER, got {pair!r}") from None
+    return tuple(options)
 
 
 def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
     return GatewayConfig(host=args.host, port=args.port, inbox_port=inbox_port, model=args.model,
                          served_name=args.served_name, cache_dir=args.cache_dir,
                          request_timeout_s=args.request_timeout,
-                         token_timeout_s=args.token_timeout)
+                         token_timeout_s=args.token_timeout, store_url=args.redis,
+                         store_prefix=args.store_prefix, gateway_id=args.gateway_id,
+                         flip_policy=args.flip_policy,
+                         flip_options=_flip_options(args.flip_option),
+                         max_recoveries=args.max_recoveries,
+                         instance_timeout_s=args.instance_timeout)
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
@@ -188,6 +226,7 @@ def _add_gateway(sub) -> None:
                    help="port instances send reports and tokens to")
     p.add_argument("--model", default=None, help="model path (tokenizer and served name)")
     p.add_argument("--cache-dir", default=os.environ.get(CACHE_ENV, "~/.cache/splitserve"))
+    add_store_args(p)
     p.set_defaults(handler=_cmd_gateway)
 
 
@@ -197,7 +236,8 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
     for flag in ("model", "dtype", "device", "max_model_len", "block_size", "num_blocks",
                  "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
                  "transfer", "transfer_timeout", "report_interval", "prefill_policy",
-                 "prefill_sched_batch", "chunk_size", "lease_timeout"):
+                 "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
+                 "heartbeat_ttl"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]
@@ -225,6 +265,7 @@ def _add_up(sub) -> None:
     p.add_argument("--decode", type=int, default=1, help="decode instances")
     p.add_argument("--threads-per-instance", type=int, default=1)
     p.add_argument("--log-dir", default=None, help="write each instance's log here")
+    add_store_args(p)
     add_instance_args(p)
     add_engine_args(p)
     p.set_defaults(handler=_cmd_up)

@@ -21,6 +21,11 @@ class InstanceState:
     sent_tokens_since_report: int = 0
     sent_requests_since_report: int = 0
     first_seen: float = field(default_factory=time.monotonic)
+    flip_target: str = ""  # a flip to this role was ordered here and has not completed yet
+
+    @property
+    def draining(self) -> bool:
+        return self.stats.draining or bool(self.flip_target)
 
 
 class InstanceRegistry:
@@ -37,7 +42,44 @@ class InstanceRegistry:
         else:
             state.stats, state.last_seen = stats, time.monotonic()
             state.sent_tokens_since_report = state.sent_requests_since_report = 0
+            if state.flip_target == stats.role:
+                state.flip_target = ""  # the flip completed
         return is_new
+
+    def sync(self, reports: list[InstanceStats]) -> list[str]:
+        """Merge the store's view; returns the ids declared dead.
+
+        An instance missing from the store is declared dead only once it has been missing for
+        the instance timeout: right after the store restarts empty, live instances need one
+        report interval to register again, and must not be taken for dead meanwhile."""
+        present = {s.instance_id for s in reports}
+        for stats in reports:
+            self.report(stats)
+        now = time.monotonic()
+        removed = [i for i, s in self.instances.items()
+                   if i not in present and now - s.last_seen > self.instance_timeout_s]
+        for instance_id in removed:
+            del self.instances[instance_id]
+        return removed
+
+    def expire(self) -> list[str]:
+        """Remove instances silent for longer than the timeout; returns their ids."""
+        now = time.monotonic()
+        removed = [i for i, s in self.instances.items() if not self.is_ready(s, now)]
+        for instance_id in removed:
+            del self.instances[instance_id]
+        return removed
+
+    def touch_all(self) -> None:
+        """The store is unreachable: keep the last view alive rather than declare all dead."""
+        now = time.monotonic()
+        for state in self.instances.values():
+            state.last_seen = now
+
+    def mark_flipping(self, instance_id: str, target_role: str) -> None:
+        state = self.instances.get(instance_id)
+        if state is not None:
+            state.flip_target = target_role
 
     def is_ready(self, state: InstanceState, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -48,11 +90,15 @@ class InstanceRegistry:
         return [s for s in self.instances.values()
                 if s.stats.role == role and self.is_ready(s, now)]
 
-    def is_serving(self) -> bool:
-        return bool(self.ready("prefill")) and bool(self.ready("decode"))
+    def routable(self, role: str) -> list[InstanceState]:
+        """Ready instances of `role` that take new work (not draining for a flip)."""
+        return [s for s in self.ready(role) if not s.draining]
 
-    def least_loaded_prefill(self) -> InstanceState | None:
-        candidates = self.ready("prefill")
+    def is_serving(self) -> bool:
+        return bool(self.routable("prefill")) and bool(self.routable("decode"))
+
+    def least_loaded_prefill(self, exclude: set[str] = frozenset()) -> InstanceState | None:
+        candidates = [s for s in self.routable("prefill") if s.stats.instance_id not in exclude]
         if not candidates:
             return None
         return min(candidates, key=lambda s: (s.stats.num_queued_tokens + s.sent_tokens_since_report,
@@ -67,7 +113,7 @@ class InstanceRegistry:
         return [PeerInfo(s.stats.instance_id, s.stats.inbox, s.stats.kv_endpoint,
                          s.stats.num_free_blocks, s.stats.num_total_blocks,
                          s.stats.num_running, s.stats.num_waiting)
-                for s in self.ready("decode")]
+                for s in self.routable("decode")]
 
     def get(self, instance_id: str) -> InstanceState | None:
         return self.instances.get(instance_id)
@@ -79,6 +125,8 @@ class InstanceRegistry:
             s = state.stats
             rows.append({
                 "instance_id": s.instance_id, "role": s.role, "ready": self.is_ready(state, now),
+                "draining": state.draining, "flip_target": state.flip_target or None,
+                "decodes": {"heavy": s.num_heavy_decodes, "light": s.num_light_decodes},
                 "inbox": s.inbox, "kv_endpoint": s.kv_endpoint, "pid": s.pid, "model": s.model,
                 "queue": {"waiting": s.num_waiting, "running": s.num_running,
                           "transferring": s.num_transferring,

@@ -1,14 +1,17 @@
-"""The gateway's core: send requests to prefill instances, gather their tokens, monitor the cluster.
+"""The gateway's core: send requests to prefill instances, gather their tokens, recover failures.
 
-Tasks on the gateway's event loop:
-- receive: drains the gateway inbox: InstanceStats into the registry, TokenBatch items into
-  each request's queue;
-- monitor: every broadcast interval, the decode instances' loads go to every prefill instance
-  (ClusterView), so their dispatchers see the cluster as it is.
+Tasks on the gateway's event loop: `receive` drains the inbox (InstanceStats and FlipReports to
+the monitor, TokenBatch items to each request's queue) and `monitor` runs the ClusterMonitor
+(control_plane/monitor.py).
 
 A request's life here: `submit` (pick the least-loaded prefill instance, record, send) ->
-`events` (text deltas as tokens arrive, each wait bounded by the token timeout and the request
+`events` (text deltas as tokens arrive; each wait bounded by the token timeout and the request
 deadline) -> `close` (if unfinished, AbortRequest to every instance that may hold it).
+
+Recovery: when an instance holding a request dies (or a KV transfer fails without losing
+output), the request runs again as a new attempt on another prefill instance, with the tokens
+already streamed appended to its prompt as generated output, so the stream simply continues.
+After `max_recoveries` attempts, or with nowhere to run, the stream ends with an error event.
 Only the gateway tokenizes and detokenizes.
 """
 
@@ -28,12 +31,15 @@ from common.config import GatewayConfig
 from common.detokenizer import TextStream
 from common.errors import SplitserveError
 from common.messaging import AsyncInbox, Outbox
-from common.protocol import (AbortRequest, ClusterView, GenerateRequest, InstanceStats,
+from common.protocol import (AbortRequest, FlipReport, GenerateRequest, InstanceStats,
                              TokenBatch, TokenUpdate)
 from common.sampling_params import SamplingParams
+from common.store import ControlStore, open_store
 from common.tokenizer import TextTokenizer
 from control_plane.cluster import InstanceRegistry
-from control_plane.request_table import InMemoryRequestTable, Phase, RequestRecord, RequestTable
+from control_plane.monitor import ClusterMonitor
+from control_plane.request_table import Phase, RequestRecord, RequestTable
+from control_plane.transition import make_watcher
 
 log = logging.getLogger(__name__)
 
@@ -54,28 +60,39 @@ class StreamEvent:
 @dataclass
 class RequestHandle:
     request_id: str
-    num_prompt_tokens: int
+    prompt_token_ids: list[int]
     params: SamplingParams
     deadline: float  # time.monotonic()
     prefill_instance: str
+    submitted_at: float = field(default_factory=time.monotonic)
+    attempt_id: str = ""  # id of the current attempt; instances only ever see attempt ids
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     decode_instance: str = ""
-    num_output_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    first_token_time: float | None = None
+    recoveries: int = 0
     finished: bool = False
     stopped_by_string: bool = False  # instances may still be generating: abort them on close
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig, tokenizer: TextTokenizer, served_name: str,
-                 table: RequestTable | None = None) -> None:
+                 store: ControlStore | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.served_name = served_name
+        self.gateway_id = config.gateway_id or f"gateway-{uuid.uuid4().hex[:6]}"
+        self.store = store or open_store(config.store_url, config.store_prefix)
         self.registry = InstanceRegistry(config.instance_timeout_s)
-        self.table = table or InMemoryRequestTable()
-        self.handles: dict[str, RequestHandle] = {}
+        self.table = RequestTable(self.store)
+        self.handles: dict[str, RequestHandle] = {}  # attempt id -> handle
         self._tasks: list[asyncio.Task] = []
         self.inbox_address = ""
+        self.monitor: ClusterMonitor | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -84,18 +101,26 @@ class Gateway:
         self.inbox = AsyncInbox(self._actx, self.config.host, self.config.inbox_port)
         self.inbox_address = self.inbox.address
         self.outbox = Outbox(self._ctx)
+        self.monitor = ClusterMonitor(self.registry, self.store, self.outbox, self.gateway_id,
+                                      self.config.broadcast_interval_s,
+                                      make_watcher(self.config.flip_policy,
+                                                   **dict(self.config.flip_options)),
+                                      self._on_instances_removed)
         self._tasks = [asyncio.create_task(self._receive_loop(), name="gateway-receive"),
-                       asyncio.create_task(self._monitor_loop(), name="gateway-monitor")]
-        log.info("gateway inbox at %s", self.inbox_address)
+                       asyncio.create_task(self.monitor.run(), name="gateway-monitor"),
+                       asyncio.create_task(self._sweep_loop(), name="gateway-sweep")]
+        log.info("gateway %s inbox at %s", self.gateway_id, self.inbox_address)
 
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.monitor.close()
         self.inbox.close()
         self.outbox.close()
         self._actx.term()
         self._ctx.term()
+        self.store.close()
 
     async def _receive_loop(self) -> None:
         while True:
@@ -106,25 +131,17 @@ class Gateway:
                     if handle is not None:
                         handle.queue.put_nowait(update)
             elif isinstance(message, InstanceStats):
-                if self.registry.report(message) and message.role == "decode":
-                    self._broadcast()
+                self.monitor.on_stats(message)
+            elif isinstance(message, FlipReport):
+                self.monitor.on_flip_report(message)
 
-    async def _monitor_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.broadcast_interval_s)
-            self._broadcast()
-            self._sweep_expired()
-
-    def _sweep_expired(self) -> None:
+    async def _sweep_loop(self) -> None:
         """Close requests past their deadline whose stream never started (no reader left)."""
-        now = time.monotonic()
-        for handle in [h for h in self.handles.values() if now > h.deadline + 1.0]:
-            self.close(handle)
-
-    def _broadcast(self) -> None:
-        view = ClusterView(self.registry.decode_peers(), time.time())
-        for state in self.registry.ready("prefill"):
-            self.outbox.send(state.stats.inbox, view)
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for handle in [h for h in self.handles.values() if now > h.deadline + 1.0]:
+                self.close(handle)
 
     # -- cluster facts ---------------------------------------------------------------------------
     @property
@@ -140,19 +157,30 @@ class Gateway:
         """Send a request to the least-loaded prefill instance (NoInstanceError if none)."""
         if not self.registry.is_serving():
             raise NoInstanceError("no prefill and decode instances are ready yet")
-        target = self.registry.least_loaded_prefill()
         request_id = uuid.uuid4().hex
-        now_wall, now = time.time(), time.monotonic()
-        handle = RequestHandle(request_id, len(prompt_token_ids), params,
-                               now + self.config.request_timeout_s, target.stats.instance_id)
-        self.handles[request_id] = handle
-        self.table.create(RequestRecord(request_id, now_wall, len(prompt_token_ids),
-                                        prefill_instance=target.stats.instance_id))
-        self.outbox.send(target.stats.inbox, GenerateRequest(
-            request_id, prompt_token_ids, params, self.inbox_address, now_wall,
-            now_wall + self.config.request_timeout_s))
-        self.registry.note_sent(target, len(prompt_token_ids))
+        handle = RequestHandle(request_id, list(prompt_token_ids), params,
+                               time.monotonic() + self.config.request_timeout_s, "")
+        self.table.create(RequestRecord(request_id, time.time(), len(prompt_token_ids)))
+        self._send_attempt(handle)
         return handle
+
+    def _send_attempt(self, handle: RequestHandle, exclude: set[str] = frozenset()) -> bool:
+        target = self.registry.least_loaded_prefill(exclude)
+        if target is None:
+            return False
+        self.handles.pop(handle.attempt_id, None)
+        handle.attempt_id = f"{handle.request_id}.{handle.recoveries}"
+        handle.prefill_instance, handle.decode_instance = target.stats.instance_id, ""
+        self.handles[handle.attempt_id] = handle
+        generated = handle.output_token_ids
+        remaining_s = max(handle.deadline - time.monotonic(), 0.0)
+        self.outbox.send(target.stats.inbox, GenerateRequest(
+            handle.attempt_id, handle.prompt_token_ids + generated, handle.params,
+            self.inbox_address, time.time(), time.time() + remaining_s, len(generated)))
+        self.registry.note_sent(target, handle.num_prompt_tokens + len(generated))
+        self.table.advance(handle.request_id, Phase.QUEUED,
+                           prefill_instance=target.stats.instance_id)
+        return True
 
     async def events(self, handle: RequestHandle) -> AsyncIterator[StreamEvent]:
         """Text deltas until the request finishes, fails, or times out."""
@@ -175,42 +203,75 @@ class Gateway:
 
     def _absorb(self, handle: RequestHandle, update: TokenUpdate, text: TextStream
                 ) -> StreamEvent | None:
+        if update.request_id != handle.attempt_id:
+            return None  # from an attempt that was abandoned
         if update.next_instance:
             handle.decode_instance = update.next_instance
             self.table.advance(handle.request_id, Phase.DECODING,
                                decode_instance=update.next_instance)
         if update.error:
+            if update.recoverable and self._recover(handle, update.error):
+                return None
             return self._end(handle, error=update.error)
         if not update.token_ids and update.finish_reason is None:
             return None
-        if handle.num_output_tokens == 0 and update.token_ids:
-            self.table.advance(handle.request_id, Phase.PREFILLED)
-        handle.num_output_tokens = max(handle.num_output_tokens + len(update.token_ids),
-                                       update.num_output_tokens)
+        self._note_tokens(handle, update.token_ids)
         finish = update.finish_reason
         delta = text.push(update.token_ids, finish is not None)
         if finish is None and text.stopped:
-            finish = "stop"
-            handle.stopped_by_string = True
+            finish, handle.stopped_by_string = "stop", True
         if finish is not None:
             return self._end(handle, delta, finish)
-        return StreamEvent(delta, None, None, handle.num_prompt_tokens, handle.num_output_tokens)
+        return StreamEvent(delta, None, None, handle.num_prompt_tokens,
+                           len(handle.output_token_ids))
+
+    def _note_tokens(self, handle: RequestHandle, token_ids: list[int]) -> None:
+        if token_ids and handle.first_token_time is None:
+            handle.first_token_time = time.monotonic()
+            self.table.advance(handle.request_id, Phase.PREFILLED)
+            if self.monitor is not None:
+                self.monitor.recent_ttfts.append(handle.first_token_time - handle.submitted_at)
+        handle.output_token_ids.extend(token_ids)
+
+    # -- failures --------------------------------------------------------------------------------
+    def _on_instances_removed(self, instance_ids: list[str]) -> None:
+        dead = set(instance_ids)
+        for handle in list(self.handles.values()):
+            holder = handle.decode_instance or handle.prefill_instance
+            if not handle.finished and holder in dead:
+                handle.queue.put_nowait(TokenUpdate(
+                    handle.attempt_id, finish_reason="error", recoverable=True,
+                    error=f"instance {holder} failed"))
+
+    def _recover(self, handle: RequestHandle, reason: str) -> bool:
+        """Run the request again elsewhere; False when it cannot be (the caller fails it)."""
+        if handle.recoveries >= self.config.max_recoveries:
+            return False
+        if len(handle.output_token_ids) >= handle.params.max_tokens:
+            return False
+        old = {handle.prefill_instance, handle.decode_instance} - {""}
+        self._abort_instances(handle, "recovering elsewhere")
+        handle.recoveries += 1
+        if not self._send_attempt(handle, exclude=old) and not self._send_attempt(handle):
+            handle.recoveries -= 1
+            return False
+        log.warning("request %s recovered after: %s", handle.request_id, reason)
+        return True
 
     def _end(self, handle: RequestHandle, text: str = "", finish: str | None = None,
              error: str | None = None) -> StreamEvent:
-        handle.finished = error is None and finish not in (None, "abort")
-        if handle.finished:
+        handle.finished = True
+        if error is None and finish not in (None, "abort"):
             self.table.advance(handle.request_id, Phase.FINISHED)
         else:
-            handle.finished = True
             self._abort_instances(handle, error or "aborted")
             self.table.advance(handle.request_id, Phase.FAILED)
         return StreamEvent(text, finish or ("error" if error else None), error,
-                           handle.num_prompt_tokens, handle.num_output_tokens)
+                           handle.num_prompt_tokens, len(handle.output_token_ids))
 
     def close(self, handle: RequestHandle) -> None:
         """Forget the request; if it has not finished (client gone), abort it everywhere."""
-        if self.handles.pop(handle.request_id, None) is None:
+        if self.handles.pop(handle.attempt_id, None) is None:
             return
         if not handle.finished:
             handle.finished = True
@@ -223,4 +284,4 @@ class Gateway:
         for instance_id in {handle.prefill_instance, handle.decode_instance} - {""}:
             state = self.registry.get(instance_id)
             if state is not None:
-                self.outbox.send(state.stats.inbox, AbortRequest(handle.request_id, reason))
+                self.outbox.send(state.stats.inbox, AbortRequest(handle.attempt_id, reason))

@@ -1,7 +1,7 @@
 """The request status table: arrival, SLA, phase changes with timestamps, instances involved.
 
-`RequestTable` is the store interface; `InMemoryRequestTable` keeps it in this process (the
-`splitserve up` default). A request's phases follow one path, each step stamped:
+The table lives in the control-plane store (common.store): in this process by default, in Redis
+when gateway replicas share a cluster. A request's phases follow one path, each step stamped:
 
     QUEUED -> PREFILLED -> DECODING -> FINISHED        (or FAILED / ABORTED from any phase)
 
@@ -11,11 +11,14 @@ DECODING at the hand-off to a decode instance.
 
 from __future__ import annotations
 
+import logging
 import time
-from abc import ABC, abstractmethod
-from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+
+from common.store import ControlStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 
 class Phase(str, Enum):
@@ -48,51 +51,61 @@ class RequestRecord:
         return record
 
 
-class RequestTable(ABC):
-    @abstractmethod
-    def create(self, record: RequestRecord) -> None:
-        ...
+class RequestTable:
+    """The request status table, kept in the control-plane store so every gateway replica
+    sees every request. Writes that fail because the store is unreachable are logged and
+    dropped: the table informs, it never blocks serving."""
 
-    @abstractmethod
-    def advance(self, request_id: str, phase: Phase, **instances: str) -> None:
-        """Move to `phase` (stamped now), optionally recording instance ids."""
+    def __init__(self, store: ControlStore) -> None:
+        self.store = store
+        self._warned = False
 
-    @abstractmethod
-    def get(self, request_id: str) -> RequestRecord | None:
-        ...
-
-    @abstractmethod
-    def in_flight(self) -> list[RequestRecord]:
-        ...
-
-
-class InMemoryRequestTable(RequestTable):
-    """Keeps every in-flight request and the last `keep_finished` finished ones."""
-
-    def __init__(self, keep_finished: int = 10_000) -> None:
-        self.active: dict[str, RequestRecord] = {}
-        self.finished: OrderedDict[str, RequestRecord] = OrderedDict()
-        self.keep_finished = keep_finished
+    def _write(self, call, request_id: str, fields: dict) -> None:
+        try:
+            call(request_id, fields)
+            self._warned = False
+        except StoreUnavailable as exc:
+            if not self._warned:
+                log.warning("request table not updated (store unreachable): %s", exc)
+                self._warned = True
 
     def create(self, record: RequestRecord) -> None:
         record.timestamps[record.phase.value] = record.arrival
-        self.active[record.request_id] = record
+        self._write(self.store.put_request, record.request_id, _fields(record))
 
     def advance(self, request_id: str, phase: Phase, **instances: str) -> None:
-        record = self.active.get(request_id)
-        if record is None:
-            return
-        record.phase = phase
-        record.timestamps[phase.value] = time.time()
-        for key, value in instances.items():
-            setattr(record, key, value)
-        if phase.is_final:
-            self.finished[request_id] = self.active.pop(request_id)
-            while len(self.finished) > self.keep_finished:
-                self.finished.popitem(last=False)
+        """Move to `phase` (stamped now), optionally recording instance ids."""
+        fields = {"phase": phase.value, f"t_{phase.value}": time.time(), **instances}
+        call = self.store.finish_request if phase.is_final else self.store.put_request
+        self._write(call, request_id, fields)
 
     def get(self, request_id: str) -> RequestRecord | None:
-        return self.active.get(request_id) or self.finished.get(request_id)
+        try:
+            fields = self.store.get_request(request_id)
+        except StoreUnavailable:
+            return None
+        return None if fields is None else _record(request_id, fields)
 
-    def in_flight(self) -> list[RequestRecord]:
-        return list(self.active.values())
+    def in_flight(self) -> list[str]:
+        try:
+            return self.store.in_flight_requests()
+        except StoreUnavailable:
+            return []
+
+
+def _fields(record: RequestRecord) -> dict:
+    fields = {"arrival": record.arrival, "num_prompt_tokens": record.num_prompt_tokens,
+              "sla_ttft_s": record.sla_ttft_s, "phase": record.phase.value,
+              "prefill_instance": record.prefill_instance,
+              "decode_instance": record.decode_instance}
+    fields.update({f"t_{phase}": t for phase, t in record.timestamps.items()})
+    return fields
+
+
+def _record(request_id: str, fields: dict) -> RequestRecord:
+    timestamps = {k[2:]: v for k, v in fields.items() if k.startswith("t_")}
+    return RequestRecord(request_id, fields.get("arrival", 0.0),
+                         fields.get("num_prompt_tokens", 0), fields.get("sla_ttft_s"),
+                         Phase(fields.get("phase", "queued")),
+                         fields.get("prefill_instance", ""), fields.get("decode_instance", ""),
+                         timestamps)

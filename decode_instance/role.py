@@ -18,7 +18,9 @@ from collections import deque
 
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import AbortRequest, KVTransferDone, KVTransferOffer, Message, TokenUpdate
+from common.protocol import (AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer,
+                             Message, TokenUpdate)
+from common.transfer_errors import REJECTED
 from common.sequence import Sequence
 from decode_instance.scheduler import DecodeScheduler
 from kv_transfer import ReadJob, TransferResult
@@ -47,10 +49,24 @@ class DecodeRole(Role):
             if message.request_id in self.recent_aborts:
                 self.ctx.send(message.source_inbox,
                               KVTransferDone(message.request_id, False, "aborted"))
+            elif self.draining:
+                self._reject(message, "draining")
             else:
                 self.offers.append(message)
         elif isinstance(message, AbortRequest):
             self._abort(message.request_id)
+        elif isinstance(message, GenerateRequest):  # arrived after this instance flipped
+            self.ctx.emit(message.reply_to, TokenUpdate(
+                message.request_id, finish_reason="error", error="not a prefill instance",
+                instance_id=self.ctx.instance_id, recoverable=True))
+
+    def _reject(self, offer: KVTransferOffer, why: str) -> None:
+        self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False, REJECTED + why))
+
+    def begin_drain(self) -> None:
+        super().begin_drain()
+        while self.offers:  # not started: the prefill instances offer them elsewhere
+            self._reject(self.offers.popleft(), "draining")
 
     def _abort(self, request_id: str) -> None:
         now = time.monotonic()
@@ -80,7 +96,8 @@ class DecodeRole(Role):
                         offer.lease_expires - time.time() - LEASE_MARGIN_S)
         if remaining <= 0:
             self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False, "expired"))
-            self._fail_offer(offer, "KV transfer lease expired before the decode instance had room")
+            self._fail_offer(offer, "KV transfer lease expired before the decode instance had room",
+                             recoverable=True)
             return True
         table = self.ctx.kv.grow(offer.request_id, offer.num_cached_tokens + 1)
         if table is None:
@@ -100,7 +117,7 @@ class DecodeRole(Role):
             self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False,
                                                              result.error or "aborted"))
             if not aborted:
-                self._fail_offer(offer, f"KV transfer failed: {result.error}")
+                self._fail_offer(offer, f"KV transfer failed: {result.error}", recoverable=True)
             return
         self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id))
         seq = Sequence(offer.request_id, offer.token_ids[:offer.num_prompt_tokens], offer.sampling,
@@ -111,12 +128,12 @@ class DecodeRole(Role):
         seq.extra.update(reply_to=offer.reply_to, deadline=offer.deadline)
         self.scheduler.add_prefilled(seq)
 
-    def _fail_offer(self, offer: KVTransferOffer, error: str) -> None:
+    def _fail_offer(self, offer: KVTransferOffer, error: str, recoverable: bool = False) -> None:
         self.ctx.emit(offer.reply_to, TokenUpdate(
             offer.request_id, finish_reason="error", error=error,
             num_prompt_tokens=offer.num_prompt_tokens,
             num_output_tokens=len(offer.token_ids) - offer.num_prompt_tokens,
-            instance_id=self.ctx.instance_id))
+            instance_id=self.ctx.instance_id, recoverable=recoverable))
 
     def _expire_deadlines(self, wall_now: float) -> None:
         for seq in list(self.scheduler.sequences.values()):
@@ -152,6 +169,10 @@ class DecodeRole(Role):
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    @property
+    def is_drained(self) -> bool:
+        return not (self.offers or self.reading or self.scheduler.has_work)
 
     @property
     def wait_s(self) -> float:

@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
+from common.engine.profile import recorded_chunk_size
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
 from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVTransferDone,
                              KVTransferOffer, Message, PeerInfo, TokenUpdate)
+from common.transfer_errors import REJECTED
 from common.sequence import Sequence
 from prefill_instance.dispatcher import DISPATCHERS
 from prefill_instance.scheduler import PrefillScheduler
@@ -34,14 +37,17 @@ class Lease:
     expires: float  # time.monotonic()
 
 
+@lru_cache(maxsize=None)
+def _recorded_chunk_size(cache_dir: str) -> int | None:
+    return recorded_chunk_size(cache_dir)
+
+
 def chunk_size_for(ctx: RoleContext) -> int:
     """ChunkSize: configured, else the knee `splitserve profile` recorded, else a default."""
     configured = ctx.config.prefill.chunk_size
     if configured:
         return configured
-    from common.engine.profile import recorded_chunk_size
-
-    return recorded_chunk_size(ctx.config.engine.model.cache_dir) or DEFAULT_CHUNK_SIZE
+    return _recorded_chunk_size(ctx.config.engine.model.cache_dir) or DEFAULT_CHUNK_SIZE
 
 
 class PrefillRole(Role):
@@ -67,12 +73,19 @@ class PrefillRole(Role):
             self._abort(message.request_id, message.reason)
         elif isinstance(message, ClusterView):
             self.decodes = message.decodes
+            for dead in message.dead:
+                self._void_leases_to(dead)
         elif isinstance(message, KVTransferDone):
-            self._release(message.request_id)
+            self._transfer_done(message)
+        elif isinstance(message, KVTransferOffer):  # arrived after this instance flipped
+            self.ctx.send(message.source_inbox, KVTransferDone(
+                message.request_id, False, REJECTED + "not a decode instance"))
 
     def _admit(self, request: GenerateRequest) -> None:
-        seq = Sequence(request.request_id, request.prompt_token_ids, request.sampling,
+        num_prompt = len(request.prompt_token_ids) - request.num_generated
+        seq = Sequence(request.request_id, request.prompt_token_ids[:num_prompt], request.sampling,
                        self.ctx.runner.max_model_len)
+        seq.token_ids = list(request.prompt_token_ids)  # a recovered request resumes its output
         seq.extra.update(reply_to=request.reply_to, deadline=request.deadline,
                          arrival_wall=request.arrival_time)
         self.routes[seq.seq_id] = request.reply_to
@@ -90,15 +103,31 @@ class PrefillRole(Role):
         self.ctx.kv.free(request_id)
         self.routes.pop(request_id, None)
 
-    def _release(self, request_id: str) -> None:
-        if self.leases.pop(request_id, None) is not None:
-            self.ctx.kv.free(request_id)
+    def _transfer_done(self, done: KVTransferDone) -> None:
+        lease = self.leases.pop(done.request_id, None)
+        if lease is None:
+            return
+        if not done.ok and done.error.startswith(REJECTED):
+            # The decode instance never touched the blocks (draining, or no longer a decode
+            # instance): offer the sequence to another one.
+            self.decodes = [d for d in self.decodes if d.instance_id != lease.decode.instance_id]
+            self.routes[done.request_id] = lease.seq.extra["reply_to"]
+            self.undispatched.append(lease.seq)
+            return
+        self.ctx.kv.free(done.request_id)
 
-    def _fail(self, seq: Sequence, error: str) -> None:
+    def _void_leases_to(self, instance_id: str) -> None:
+        for request_id, lease in list(self.leases.items()):
+            if lease.decode.instance_id == instance_id:
+                del self.leases[request_id]
+                self.ctx.kv.free(request_id)
+
+    def _fail(self, seq: Sequence, error: str, recoverable: bool = False) -> None:
         self.routes.pop(seq.seq_id, None)
         self.ctx.emit(seq.extra["reply_to"], TokenUpdate(
             seq.seq_id, finish_reason="error", error=error, instance_id=self.ctx.instance_id,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens))
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            recoverable=recoverable))
 
     # -- background work -----------------------------------------------------------------------
     def poll(self) -> None:
@@ -108,7 +137,8 @@ class PrefillRole(Role):
                 del self.leases[request_id]
                 self.ctx.kv.free(request_id)
                 self.ctx.send(lease.decode.inbox, AbortRequest(request_id, "lease expired"))
-                self._fail(lease.seq, f"KV transfer to {lease.decode.instance_id} timed out")
+                self._fail(lease.seq, f"KV transfer to {lease.decode.instance_id} timed out",
+                           recoverable=True)
         self._expire_deadlines(time.time())
         if self.undispatched and self.decodes:
             waiting, self.undispatched = self.undispatched, []
@@ -172,3 +202,7 @@ class PrefillRole(Role):
     @property
     def has_work(self) -> bool:
         return bool(self.scheduler.raw or self.scheduler.scheduled)
+
+    @property
+    def is_drained(self) -> bool:
+        return not (self.scheduler.sequences or self.leases or self.undispatched)

@@ -59,8 +59,9 @@ class PrefillScheduler(Scheduler):
         for seq in self.scheduled:
             if budget <= 0:
                 break
-            chunk = self.make_chunk(seq, min(seq.num_prompt_tokens - seq.num_computed_tokens,
-                                             budget))
+            # num_tokens, not num_prompt_tokens: a recovered request also recomputes the output
+            # it had already generated.
+            chunk = self.make_chunk(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             if chunk is None:
                 break  # out of blocks: later prompts wait for leases to be released
             seq.status = SequenceStatus.RUNNING
@@ -86,4 +87,4 @@ class PrefillScheduler(Scheduler):
 
     @property
     def num_queued_tokens(self) -> int:
-        return sum(s.num_prompt_tokens - s.num_computed_tokens for s in self.sequences.values())
+        return sum(s.num_tokens - s.num_computed_tokens for s in self.sequences.values())

@@ -20,6 +20,7 @@ from common.engine.models import CausalLM, build_model
 from common.engine.models.layers import can_pack
 from common.engine.ops import make_ops
 from common.engine.sampler import Sampler
+from common.engine.swap import HostSwapSpace, run_swaps
 from common.engine.weights import iter_weights
 from common.model_files import ResolvedModel, resolve_model
 from common.plan import BatchPlan, ModelOutput
@@ -82,6 +83,8 @@ class ModelRunner:
                                 shared_memory=config.cache.shared_memory)
         self.sampler = Sampler(self.device, config.seed)
         self.attention_cls = attention_backend(self.device, config.cache.block_size)
+        # The second KV tier for plans that swap; a role that preempts by swap attaches one.
+        self.swap_space: HostSwapSpace | None = None
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -112,6 +115,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> ModelOutput:
         started = time.perf_counter()
+        # -- swap hook: the plan's KV copies to and from the host tier, before the forward --
+        run_swaps(self.swap_space, self.kv_cache, plan)
+        if not plan.chunks:  # a plan of swaps alone
+            return ModelOutput(forward_seconds=time.perf_counter() - started)
+        # -- end of swap hook ----------------------------------------------------------------
         batch = self.flatten(plan)
         attention = self.attention_cls(batch.segments, self.kv_cache, self.model.ops)
         hidden = self.model(batch.input_ids, batch.positions, attention)

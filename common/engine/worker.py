@@ -5,7 +5,12 @@ Each turn of the loop:
   2. `role.poll()`: KV transfer completions, dispatch, leases and deadlines;
   3. plan = role.schedule(); output = runner.execute(plan); role.update_from_output(plan, output);
   4. flush generated tokens to the gateways, one TokenBatch per gateway;
-  5. every report interval: InstanceStats to each gateway; when idle, the KV integrity check.
+  5. every report interval: InstanceStats to the control plane (gateways or the store); when
+     idle, the KV integrity check.
+
+A FlipCommand makes the role drain (finish what it holds, take no new work that can go
+elsewhere); once drained, the role object is replaced in place: same model, KV cache and block
+tables, no reload. The FlipReport records the drain time and the switch time (drain excluded).
 
 Roles and KV transfer backends are found by name in the `splitserve.roles` and
 `splitserve.kv_backends` entry-point groups, so this module never imports their packages.
@@ -30,7 +35,9 @@ from common.config import InstanceConfig
 from common.engine.model_runner import ModelRunner
 from common.messaging import Inbox, Outbox
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import InstanceStats, Message, Shutdown, TokenBatch, TokenUpdate
+from common.engine.control_link import make_link
+from common.protocol import (FlipCommand, FlipReport, InstanceStats, Message, Shutdown,
+                             TokenBatch, TokenUpdate)
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02
@@ -64,6 +71,7 @@ class Role(ABC):
 
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
+        self.draining = False
 
     @abstractmethod
     def handle(self, message: Message) -> None:
@@ -99,6 +107,15 @@ class Role(ABC):
         """How long the loop may block on the inbox when there is no forward to run."""
         return IDLE_WAIT_S
 
+    def begin_drain(self) -> None:
+        """A flip is coming: finish what is held, take no new work that can go elsewhere."""
+        self.draining = True
+
+    @property
+    @abstractmethod
+    def is_drained(self) -> bool:
+        """True once nothing is held: no sequence, queue, lease or transfer."""
+
 
 def load_plugin(group: str, name: str):
     """The class registered as `name` in entry-point `group` (pyproject.toml)."""
@@ -111,6 +128,11 @@ def load_plugin(group: str, name: str):
 
 def load_role(name: str, ctx: RoleContext) -> Role:
     return load_plugin("splitserve.roles", name)(ctx)
+
+
+def preload_roles() -> dict[str, type[Role]]:
+    """Import every installed role up front, so a flip only constructs an object."""
+    return {ep.name: ep.load() for ep in entry_points(group="splitserve.roles")}
 
 
 class InstanceWorker:
@@ -130,10 +152,14 @@ class InstanceWorker:
         self.ctx = RoleContext(self.instance_id, config, self.runner,
                                KVCacheManager(layout.num_blocks, layout.block_size),
                                self.transfer, self.outbox, self.inbox.address)
+        self.role_classes = preload_roles()
         self.role = load_role(config.role, self.ctx)
+        self.link = make_link(config, self.outbox)
         self.running = True
         self.busy_seconds = 0.0
         self.integrity_violations = 0
+        self.flips: list[FlipReport] = []
+        self._pending_flip: tuple[FlipCommand, float] | None = None  # (command, drain start)
         self._next_report = 0.0
 
     def stop(self, *_args) -> None:
@@ -151,12 +177,16 @@ class InstanceWorker:
 
     def _turn(self) -> None:
         wait = 0.0 if self.role.has_work else self.role.wait_s
-        for message in self.inbox.receive(wait):
+        for message in self.inbox.receive(wait) + self.link.receive():
             if isinstance(message, Shutdown):
                 self.running = False
+            elif isinstance(message, FlipCommand):
+                self._start_flip(message)
             else:
                 self.role.handle(message)
         self.role.poll()
+        if self._pending_flip is not None and self.role.is_drained:
+            self._finish_flip()
         plan = self.role.schedule()
         if not plan.is_empty:
             output = self.runner.execute(plan)
@@ -165,6 +195,30 @@ class InstanceWorker:
         self._flush_tokens()
         if time.monotonic() >= self._next_report:
             self._report()
+
+    def _start_flip(self, command: FlipCommand) -> None:
+        if (command.target_role == self.role.name or self._pending_flip is not None
+                or command.target_role not in self.role_classes):
+            return
+        self._pending_flip = (command, time.perf_counter())
+        self.role.begin_drain()
+        self._report()  # tell the gateways at once that this instance is draining
+
+    def _finish_flip(self) -> None:
+        command, drain_started = self._pending_flip
+        self._pending_flip = None
+        switch_started = time.perf_counter()
+        old = self.role.name
+        # Same runner, KV cache and block tables: only the role object changes.
+        self.role = self.role_classes[command.target_role](self.ctx)
+        switched = time.perf_counter()
+        report = FlipReport(command.flip_id, self.instance_id, old, command.target_role,
+                            switch_started - drain_started, switched - switch_started, time.time())
+        self.flips.append(report)
+        log.info("flipped %s -> %s: drain %.1f ms, switch %.3f ms", old, command.target_role,
+                 report.drain_seconds * 1e3, report.switch_seconds * 1e3)
+        self.link.notify(report)
+        self._report()
 
     def _flush_tokens(self) -> None:
         pending = self.ctx.pending_tokens
@@ -176,9 +230,7 @@ class InstanceWorker:
         self._next_report = time.monotonic() + self.config.report_interval_s
         if not self.role.has_work:
             self.check_integrity()
-        stats = self.stats()
-        for gateway in self.config.gateways:
-            self.outbox.send(gateway, stats)
+        self.link.report(self.stats())
 
     def check_integrity(self) -> bool:
         try:
@@ -195,9 +247,11 @@ class InstanceWorker:
             kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
-            timestamp=time.time(), pid=os.getpid(), **self.role.load())
+            timestamp=time.time(), pid=os.getpid(), draining=self._pending_flip is not None,
+            **self.role.load())
 
     def close(self) -> None:
+        self.link.close()
         self.transfer.close()
         self.inbox.close()
         self.outbox.close()

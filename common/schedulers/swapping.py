@@ -9,11 +9,12 @@ runner before the plan's forward.
     swap out:  device table [d7 d2 d9]  --(d7,h0)(d2,h4)(d9,h1)-->  host table [h0 h4 h1]
     swap in:   host table   [h0 h4 h1]  --(h0,d3)(h4,d8)(h1,d5)-->  device table [d3 d8 d5]
 
-NOTE: host blocks released by a swap-in stay owned until the next plan starts
-(`release_deferred`). Within one plan the runner copies every swap-out before any swap-in, so a
-host block freed by a swap-in and handed to a swap-out of the same plan would be overwritten
-before it was read. Device blocks need no such care: the swap-outs run first, so a device block a
-swap-out frees can be the target of a swap-in or of the forward in the same plan.
+NOTE: host blocks released by a swap-in stay owned until the plan has run (the scheduler calls
+`release_deferred` when it absorbs the plan's output). Within one plan the runner copies every
+swap-out before any swap-in, so a host block freed by a swap-in and handed to a swap-out of the
+same plan would be overwritten before it was read. Device blocks need no such care: the
+swap-outs run first, so a device block a swap-out frees can be the target of a swap-in or of the
+forward in the same plan.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ class SwapSpace:
         return kv.num_blocks_for(covered)
 
     def swap_in(self, seq: Sequence, kv: KVCacheManager) -> BlockPairs | None:
-        """Give the sequence device blocks for its host blocks; the host blocks are released when
-        the next plan starts. Returns the (host, device) pairs, or None when the device pool is
+        """Give the sequence device blocks for its host blocks; the host blocks are released once
+        the plan has run. Returns the (host, device) pairs, or None when the device pool is
         short or the sequence is not swapped out."""
         host = self._tables.get(seq.seq_id)
         if host is None or kv.table(seq.seq_id):
@@ -105,7 +106,7 @@ class SwapSpace:
             self.pool.free(host)
 
     def release_deferred(self) -> None:
-        """Free the host blocks of the previous plan's swap-ins (their copies have run)."""
+        """Free the host blocks of the last plan's swap-ins; call once that plan has run."""
         if self._deferred:
             self.pool.free(self._deferred)
             self._deferred = []

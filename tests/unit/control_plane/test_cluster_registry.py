@@ -170,7 +170,8 @@ def test_describe_fields(registry, clock):
     assert [r["instance_id"] for r in rows] == ["d0", "p1"]  # sorted by id
     p1 = rows[1]
     assert p1 == {
-        "instance_id": "p1", "role": "prefill", "ready": True, "inbox": "tcp://p1:1",
+        "instance_id": "p1", "role": "prefill", "ready": True, "draining": False,
+        "flip_target": None, "decodes": {"heavy": 0, "light": 0}, "inbox": "tcp://p1:1",
         "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model",
         "queue": {"waiting": 3, "running": 2, "transferring": 4, "queued_tokens": 42},
         "kv_blocks": {"total": 100, "free": 30, "used": 70},
@@ -179,3 +180,21 @@ def test_describe_fields(registry, clock):
     clock.advance(1.0)
     assert [r["ready"] for r in registry.describe()] == [False, False]
     assert registry.describe()[0]["seconds_since_report"] == 1.25
+
+
+def test_sync_expire_and_flipping(registry, clock):
+    registry.report(stats("p0"))
+    registry.report(stats("p1"))
+    registry.report(stats("d0", role="decode"))
+    assert registry.sync([stats("p0"), stats("d0", role="decode")]) == []  # grace period
+    clock.advance(1.5)
+    assert registry.sync([stats("p0"), stats("d0", role="decode")]) == ["p1"]
+    registry.mark_flipping("p0", "decode")
+    assert registry.routable("prefill") == [] and not registry.is_serving()
+    registry.report(stats("p0", role="decode"))  # the flip completed
+    assert not registry.get("p0").draining
+    clock.advance(5.0)
+    registry.touch_all()
+    assert registry.expire() == []
+    clock.advance(5.0)
+    assert sorted(registry.expire()) == ["d0", "p0"]

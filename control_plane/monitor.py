@@ -1,0 +1,171 @@
+"""The cluster monitor: registry upkeep, leadership, decode-load broadcasts, flips.
+
+Every tick (100 ms by default):
+1. refresh the registry: from the store's heartbeats (Redis), or by expiring instances that stopped
+   reporting to this gateway's inbox; instances that disappeared are declared dead and reported
+   to the gateway, which recovers the requests they held;
+2. take or renew leadership (one gateway of the replicas leads; without Redis, this one);
+3. as leader: broadcast the ready decode instances' loads (and recently dead instances) to the
+   prefill instances, record flip reports, and let the transition watcher start flips.
+
+Flips may also be ordered by hand (`POST /cluster/flip`). A flip marks the instance as flipping
+here at once, so this gateway stops routing to it before the instance's next report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections import deque
+from typing import Callable
+
+from common.messaging import Outbox
+from common.protocol import ClusterView, FlipCommand, FlipReport, InstanceStats
+from common.store import (CLUSTER_VIEW_CHANNEL, FLIP_REPORT_CHANNEL, ControlStore, InProcessStore,
+                          StoreUnavailable)
+from control_plane.cluster import InstanceRegistry
+from control_plane.transition import TransitionWatcher, snapshot_now
+
+log = logging.getLogger(__name__)
+DEAD_MEMORY_S = 10.0  # how long dead instances are listed in broadcasts
+LEADER_TTL_FACTOR = 5
+
+
+class FlipError(ValueError):
+    """A flip that cannot be done (unknown instance, same role, would empty a pool)."""
+
+
+class ClusterMonitor:
+    def __init__(self, registry: InstanceRegistry, store: ControlStore, outbox: Outbox,
+                 gateway_id: str, interval_s: float, watcher: TransitionWatcher,
+                 on_removed: Callable[[list[str]], None]) -> None:
+        self.registry, self.store, self.outbox = registry, store, outbox
+        self.gateway_id, self.interval_s = gateway_id, interval_s
+        self.watcher, self.on_removed = watcher, on_removed
+        self.uses_store = not isinstance(store, InProcessStore)
+        self.is_leader = False
+        self.recently_dead: dict[str, float] = {}
+        self.recent_ttfts: deque[float] = deque(maxlen=50)
+        self.timeline: deque[dict] = deque(maxlen=20_000)  # roles and queues over time
+        self._flip_reports = store.subscribe(FLIP_REPORT_CHANNEL) if self.uses_store else None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.tick()
+            except Exception:  # the monitor must outlive any one bad tick
+                log.exception("cluster monitor tick failed")
+
+    def tick(self) -> None:
+        removed = self._refresh()
+        if removed:
+            now = time.monotonic()
+            self.recently_dead.update({i: now for i in removed})
+            log.warning("instances declared dead: %s", ", ".join(removed))
+            self.on_removed(removed)
+        self._lead()
+        if self.is_leader:
+            self._broadcast()
+            self._drain_flip_reports()
+            self._watch()
+        self._record_timeline()
+
+    # -- registry ----------------------------------------------------------------------------
+    def _refresh(self) -> list[str]:
+        if not self.uses_store:
+            return self.registry.expire()
+        try:
+            return self.registry.sync(self.store.instances())
+        except StoreUnavailable:
+            self.registry.touch_all()
+            return []
+
+    def on_stats(self, stats: InstanceStats) -> None:
+        """A report pushed to this gateway's inbox (no store)."""
+        if self.registry.report(stats) and stats.role == "decode":
+            self._broadcast()
+
+    def _lead(self) -> None:
+        try:
+            self.is_leader = self.store.try_lead(self.gateway_id,
+                                                 LEADER_TTL_FACTOR * self.interval_s)
+        except StoreUnavailable:
+            pass  # keep the last answer until the store is back
+
+    # -- broadcasts ----------------------------------------------------------------------------
+    def _broadcast(self) -> None:
+        now = time.monotonic()
+        self.recently_dead = {i: t for i, t in self.recently_dead.items()
+                              if now - t < DEAD_MEMORY_S}
+        view = ClusterView(self.registry.decode_peers(), time.time(), list(self.recently_dead))
+        if self.uses_store:
+            try:
+                self.store.publish(CLUSTER_VIEW_CHANNEL, view)
+            except StoreUnavailable:
+                pass
+            return
+        for state in self.registry.ready("prefill"):
+            self.outbox.send(state.stats.inbox, view)
+
+    # -- flips ---------------------------------------------------------------------------------
+    def flip(self, instance_id: str, target_role: str) -> str:
+        state = self.registry.get(instance_id)
+        if state is None:
+            raise FlipError(f"no instance {instance_id!r}")
+        if target_role not in ("prefill", "decode"):
+            raise FlipError(f"cannot flip to {target_role!r}: roles are prefill and decode")
+        if state.stats.role == target_role or state.draining:
+            raise FlipError(f"{instance_id} is already {target_role} or flipping")
+        if len(self.registry.routable(state.stats.role)) <= 1:
+            raise FlipError(f"flipping {instance_id} would leave no {state.stats.role} instance")
+        flip_id = uuid.uuid4().hex[:12]
+        self.registry.mark_flipping(instance_id, target_role)
+        self.outbox.send(state.stats.inbox, FlipCommand(flip_id, target_role))
+        log.info("flip %s: %s %s -> %s", flip_id, instance_id, state.stats.role, target_role)
+        return flip_id
+
+    def on_flip_report(self, report: FlipReport) -> None:
+        try:
+            self.store.record_flip({"flip_id": report.flip_id, "instance_id": report.instance_id,
+                                    "from_role": report.from_role, "to_role": report.to_role,
+                                    "drain_seconds": report.drain_seconds,
+                                    "switch_seconds": report.switch_seconds,
+                                    "timestamp": report.timestamp})
+        except StoreUnavailable:
+            log.warning("flip %s not recorded: store unreachable", report.flip_id)
+
+    def _drain_flip_reports(self) -> None:
+        if self._flip_reports is None:
+            return
+        for message in self._flip_reports.poll(0.0):
+            if isinstance(message, FlipReport):
+                self.on_flip_report(message)
+
+    def _watch(self) -> None:
+        states = [s for s in self.registry.instances.values() if self.registry.is_ready(s)]
+        in_flight = any(s.draining for s in states)
+        routable = [s.stats for s in states if not s.draining]
+        ttft = sum(self.recent_ttfts) / len(self.recent_ttfts) if self.recent_ttfts else None
+        decision = self.watcher.step(snapshot_now(routable, ttft), in_flight)
+        if decision is not None:
+            log.info("transition watcher: %s -> %s (%s)", decision.instance_id,
+                     decision.target_role, decision.reason)
+            try:
+                self.flip(decision.instance_id, decision.target_role)
+            except FlipError as exc:
+                log.info("watcher flip skipped: %s", exc)
+
+    def _record_timeline(self) -> None:
+        self.timeline.append({
+            "time": time.time(),
+            "instances": {s.stats.instance_id: {
+                "role": s.stats.role, "draining": s.draining, "waiting": s.stats.num_waiting,
+                "running": s.stats.num_running, "queued_tokens": s.stats.num_queued_tokens}
+                for s in self.registry.instances.values()}})
+
+    def close(self) -> None:
+        if self._flip_reports is not None:
+            self._flip_reports.close()
