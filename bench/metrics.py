@@ -7,6 +7,14 @@ Definitions (all in seconds, over successful requests only):
 - TBT: every gap between consecutive text chunks, pooled over all requests; its tail shows
   decode stalls (e.g. a co-located prefill) that a per-request mean such as TPOT hides.
 - Throughput: over `duration_s`, first send to last completion (see `run_duration`).
+- Queueing delay: arrival at the server until its first forward. The client cannot see it; it is
+  None unless the caller passes server-side values (`queueing_delays`).
+- Goodput: requests meeting both a TTFT and a TBT SLO (see `meets_slo`), as a fraction of all
+  requests and per second.
+- Resource usage: instance-seconds of forward work during the run, the sum over instances of the
+  change in `busy_seconds` that `GET /cluster` reports (TetriInfer's resource usage time).
+- perf/$: output tokens of successful requests per instance-second of resource usage, times
+  1 / `cost_per_instance_second` (1.0: every instance costs the same). docs/coupled.md.
 `errors` counts the most common error messages, so a failed run says why at a glance.
 Percentiles use numpy's linear interpolation. Empty inputs give None, never an exception.
 """
@@ -53,8 +61,10 @@ def _per_second(amount: float, duration_s: float) -> float | None:
     return amount / duration_s if duration_s > 0 else None
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict:
-    """Counts, latency distributions and throughput of one run; see the module docstring."""
+def summarize(records: Sequence[RequestRecord], duration_s: float,
+              queueing_delays: Sequence[float] | None = None) -> dict:
+    """Counts, latency distributions and throughput of one run; see the module docstring.
+    `queueing_delays`: server-side values, one per request, when the server exposes them."""
     ok = [r for r in records if r.error is None]
     tpots = [t for t in map(_tpot, ok) if t is not None]
     gaps = [gap for r in ok for gap in np.diff(r.token_times).tolist()]
@@ -70,6 +80,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict:
         "tpot_s": stats(tpots),
         "jct_s": stats([r.jct for r in ok if r.jct is not None]),
         "tbt_s": stats(gaps, mean=False),
+        "queueing_delay_s": None if queueing_delays is None else stats(queueing_delays),
         "throughput": {
             "requests_per_s": _per_second(len(ok), duration_s),
             "output_tokens_per_s": _per_second(output_tokens, duration_s),
@@ -78,3 +89,58 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> dict:
         "total_prompt_tokens": prompt_tokens,
         "total_output_tokens": output_tokens,
     }
+
+
+def meets_slo(record: RequestRecord, ttft_slo_s: float, tbt_slo_s: float,
+              tbt_percentile: float = 99.0) -> bool:
+    """A successful request whose TTFT is within `ttft_slo_s` and whose token gaps are within
+    `tbt_slo_s` at `tbt_percentile` (99: all but its slowest 1% of gaps; 100: every gap)."""
+    if record.error is not None or record.ttft is None or record.ttft > ttft_slo_s:
+        return False
+    gaps = np.diff(record.token_times)
+    return len(gaps) == 0 or float(np.percentile(gaps, tbt_percentile)) <= tbt_slo_s
+
+
+def goodput(records: Sequence[RequestRecord], duration_s: float, ttft_slo_s: float,
+            tbt_slo_s: float, tbt_percentile: float = 99.0) -> dict:
+    """Requests meeting both SLOs: how many, their fraction of all requests (failures count as
+    misses), and per second over the run."""
+    met = [r for r in records if meets_slo(r, ttft_slo_s, tbt_slo_s, tbt_percentile)]
+    return {"ttft_slo_s": ttft_slo_s, "tbt_slo_s": tbt_slo_s, "tbt_percentile": tbt_percentile,
+            "num_met": len(met), "fraction": len(met) / len(records) if records else None,
+            "requests_per_s": _per_second(len(met), duration_s),
+            "output_tokens_per_s": _per_second(sum(r.output_tokens or 0 for r in met),
+                                               duration_s)}
+
+
+def _busy_by_instance(cluster: dict | list) -> dict[str, float]:
+    instances = cluster.get("instances", []) if isinstance(cluster, dict) else cluster
+    return {row["instance_id"]: float(row.get("busy_seconds", 0.0)) for row in instances}
+
+
+def resource_usage(before: dict | list, after: dict | list) -> dict:
+    """Instance-seconds of forward work between two `GET /cluster` answers (or their
+    "instances" lists). An instance absent before counts from zero; one absent after (it died)
+    is left out, so its work in the run is not counted: `num_lost` says how many."""
+    start, end = _busy_by_instance(before), _busy_by_instance(after)
+    per_instance = {k: max(0.0, v - start.get(k, 0.0)) for k, v in end.items()}
+    return {"instance_seconds": sum(per_instance.values()), "per_instance": per_instance,
+            "num_instances": len(per_instance), "num_lost": len(set(start) - set(end))}
+
+
+def perf_per_dollar(output_tokens: int, instance_seconds: float,
+                    cost_per_instance_second: float = 1.0) -> float | None:
+    """Output tokens per unit of cost; with the default cost, per instance-second used."""
+    if instance_seconds <= 0 or cost_per_instance_second <= 0:
+        return None
+    return output_tokens / (instance_seconds * cost_per_instance_second)
+
+
+def cost_report(summary: dict, before: dict | list, after: dict | list,
+                cost_per_instance_second: float = 1.0) -> dict:
+    """Resource usage and perf/$ of a run, from its summary and the /cluster answers around it."""
+    usage = resource_usage(before, after)
+    return {"resource_usage": usage, "cost_per_instance_second": cost_per_instance_second,
+            "perf_per_dollar": perf_per_dollar(summary["total_output_tokens"],
+                                               usage["instance_seconds"],
+                                               cost_per_instance_second)}

@@ -121,12 +121,53 @@ class PrefillConfig:
         _require(self.lease_timeout_s > 0, "lease timeout must be > 0")
 
 
+BANDWIDTH_PRESETS = {"roce-200g": 200e9 / 8, "nvlink-300g": 300e9}  # bytes per second
+OPT_13B_BYTES_PER_TOKEN = 819_200  # 2 (K,V) x 40 layers x 5120 hidden x 2 bytes (fp16)
+
+
+@dataclass(frozen=True)
+class EmulationConfig:
+    """Pace KV delivery to a link slower than this host's: the real bytes still move, then the
+    transfer waits until `latency_s + bytes / bandwidth` has passed since it started."""
+
+    bandwidth: float | None = None  # bytes per second; None = no emulation
+    latency_s: float = 0.0
+    # Count this many bytes per token instead of the real ones (OPT-13B: 819,200), so a small
+    # model reproduces the paper's transfer regime; 0 = the real byte count.
+    bytes_per_token: int = 0
+
+    def __post_init__(self) -> None:
+        _require(self.bandwidth is None or self.bandwidth > 0, "bandwidth must be > 0")
+        _require(self.latency_s >= 0 and self.bytes_per_token >= 0,
+                 "latency and bytes per token must be >= 0")
+
+    def duration(self, real_bytes: int, num_tokens: int) -> float:
+        if self.bandwidth is None:
+            return 0.0
+        counted = self.bytes_per_token * num_tokens if self.bytes_per_token else real_bytes
+        return self.latency_s + counted / self.bandwidth
+
+
 @dataclass(frozen=True)
 class TransferConfig:
     """How KV blocks move between instances."""
 
-    backend: str = "tcp"  # tcp | shm (more with the kv_transfer registry)
+    backend: str = "tcp"  # tcp | shm | ucx | cuda_ipc (the kv_transfer registry)
     timeout_s: float = 30.0  # a read that takes longer fails
+    # request: the decode instance reads a sequence's KV once its prompt is done (the paper);
+    # chunk: each chunk's KV is read as soon as it is prefilled, overlapping the next chunk.
+    granularity: str = "request"
+    # What a failed hand-off does: recompute (the gateway runs the prefill again elsewhere) or
+    # fail (the request ends with an error event).
+    failure_policy: str = "recompute"
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.granularity in ("request", "chunk"),
+                 f"granularity must be request or chunk, got {self.granularity!r}")
+        _require(self.failure_policy in ("recompute", "fail"),
+                 f"failure policy must be recompute or fail, got {self.failure_policy!r}")
+        _require(self.timeout_s > 0, "transfer timeout must be > 0")
 
 
 @dataclass(frozen=True)

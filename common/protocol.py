@@ -7,7 +7,8 @@ what:
                           over the gateway inbox or the store's pub/sub)
     gateway  -> decode    AbortRequest
     gateway  -> instance  FlipCommand, Shutdown
-    prefill  -> decode    KVTransferOffer (a prefilled sequence and where its KV blocks are)
+    prefill  -> decode    KVTransferOffer (a prefilled sequence and where its KV blocks are),
+                          KVChunkReady (chunk-level: more of its KV is ready)
     decode   -> prefill   KVTransferDone (lease released: the blocks may be freed)
     instance -> gateway   InstanceStats (every report interval, or to the store), TokenBatch
                           (generated tokens), FlipReport
@@ -92,10 +93,25 @@ class KVTransferOffer(Message):
     source_inbox: str
     kv_endpoint: str
     block_ids: list[int]
-    num_cached_tokens: int  # tokens whose KV the blocks hold (the prompt)
+    num_cached_tokens: int  # tokens whose KV the blocks hold so far
     lease_expires: float  # wall clock: the prefill instance frees the blocks after this
     arrival_time: float = 0.0
     deadline: float = 0.0  # the request's deadline (wall clock); 0 = none
+    # False for chunk-level hand-offs: more chunks follow (KVChunkReady) and token_ids holds no
+    # generated token yet.
+    final: bool = True
+
+
+class KVChunkReady(Message):
+    """Chunk-level hand-off: the KV of the first `num_cached_tokens` tokens is now in
+    `block_ids`; with `final`, the prompt is done and token_ids ends with the first token."""
+
+    request_id: str
+    block_ids: list[int]
+    num_cached_tokens: int
+    final: bool = False
+    token_ids: list[int] = []
+    lease_expires: float = 0.0  # the lease, extended by every notice
 
 
 class KVTransferDone(Message):
@@ -148,7 +164,7 @@ class Shutdown(Message):
 
 
 AnyMessage = Union[GenerateRequest, AbortRequest, ClusterView, KVTransferOffer, KVTransferDone,
-                   InstanceStats, TokenBatch, Shutdown, FlipCommand, FlipReport]
+                   InstanceStats, TokenBatch, Shutdown, FlipCommand, FlipReport, KVChunkReady]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

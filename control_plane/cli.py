@@ -12,8 +12,9 @@ import logging
 import os
 import sys
 
-from common.config import (BatchConfig, CacheConfig, ConfigError, EngineConfig, GatewayConfig,
-                           InstanceConfig, ModelConfig, PrefillConfig, TransferConfig)
+from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError,
+                           EmulationConfig, EngineConfig, GatewayConfig, InstanceConfig,
+                           ModelConfig, PrefillConfig, TransferConfig)
 from common.errors import SplitserveError
 
 # The only environment variable the project reads: where converted weights are cached.
@@ -114,6 +115,16 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("instance")
     group.add_argument("--transfer", default="tcp", help="KV transfer backend: tcp or shm")
     group.add_argument("--transfer-timeout", type=float, default=30.0)
+    group.add_argument("--transfer-granularity", default="request", choices=["request", "chunk"],
+                       help="hand KV over when the prompt is done, or chunk by chunk")
+    group.add_argument("--transfer-failure-policy", default="recompute",
+                       choices=["recompute", "fail"])
+    group.add_argument("--emulate-bandwidth", default=None, metavar="BYTES_PER_S|PRESET",
+                       help="pace KV delivery: bytes/s (e.g. 1.25e9 = 10 Gbps) or a preset: "
+                            "roce-200g, nvlink-300g")
+    group.add_argument("--emulate-latency", type=float, default=0.0, help="seconds per transfer")
+    group.add_argument("--emulate-bytes-per-token", type=int, default=0,
+                       help="count this many bytes per token (OPT-13B: 819200); 0 = real bytes")
     group.add_argument("--report-interval", type=float, default=0.1,
                        help="seconds between load reports")
     group.add_argument("--prefill-policy", default="sjf", choices=["fcfs", "sjf", "ljf"])
@@ -136,7 +147,22 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout),
-        transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout))
+        transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout,
+                                granularity=args.transfer_granularity,
+                                failure_policy=args.transfer_failure_policy,
+                                emulation=emulation_config(args)))
+
+
+def emulation_config(args: argparse.Namespace) -> EmulationConfig:
+    bandwidth = args.emulate_bandwidth
+    if bandwidth is not None:
+        try:
+            bandwidth = BANDWIDTH_PRESETS.get(bandwidth) or float(bandwidth)
+        except ValueError:
+            raise ConfigError(f"--emulate-bandwidth takes bytes/s or one of "
+                              f"{sorted(BANDWIDTH_PRESETS)}, got {bandwidth!r}") from None
+    return EmulationConfig(bandwidth=bandwidth, latency_s=args.emulate_latency,
+                           bytes_per_token=args.emulate_bytes_per_token)
 
 
 def _cmd_instance(args: argparse.Namespace) -> int:
@@ -237,7 +263,8 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
                  "transfer", "transfer_timeout", "report_interval", "prefill_policy",
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
-                 "heartbeat_ttl"):
+                 "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
+                 "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]

@@ -8,7 +8,7 @@ instance worker (in `common`, which may not import this package) finds them.
 from __future__ import annotations
 
 from common.registry import Registry
-from kv_transfer.base import KVTransferBackend, ReadJob, TransferResult
+from kv_transfer.base import KVTransferBackend, ReadJob, TransferJob, TransferResult
 from kv_transfer.shm import SharedMemoryBackend
 from kv_transfer.tcp import TcpBackend
 
@@ -16,7 +16,8 @@ BACKENDS: Registry[type[KVTransferBackend]] = Registry("KV transfer backend")
 BACKENDS.register("tcp")(TcpBackend)
 BACKENDS.register("shm")(SharedMemoryBackend)
 
-__all__ = ["BACKENDS", "KVTransferBackend", "ReadJob", "TransferResult", "make_backend"]
+__all__ = ["BACKENDS", "KVTransferBackend", "ReadJob", "TransferJob", "TransferResult",
+           "make_backend"]
 
 
 def make_backend(name: str, kv_cache, host: str, config) -> KVTransferBackend:

@@ -1,16 +1,22 @@
-"""The KV transfer interface both roles use: serve local blocks, read a peer's blocks.
+"""The KV transfer interface both roles use: one-sided reads and writes of block ranges.
 
-Transfers are pull-based, like an RDMA READ: the instance that will decode a sequence allocates
-its own blocks first, then reads the prefill instance's blocks into them, then tells the prefill
-instance (KVTransferDone) that it may free its copy. The prefill instance holds the blocks under
-a lease until then.
+Metadata (which blocks, how many tokens, the first token, leases) travels in the protocol's
+messages (KVTransferOffer, KVChunkReady, KVTransferDone); the block bytes move through a backend.
+The roles use reads, like an RDMA READ: the instance that will decode a sequence allocates its
+own blocks, reads the prefill instance's blocks into them, then tells the prefill instance that
+it may free its copy. Writes (push local blocks into a peer's) are the mirror operation.
 
     decode role                       backend worker thread             prefill instance
     -----------                       ---------------------             ----------------
     allocate local blocks
-    submit(ReadJob) ----------------> copy remote blocks -> local  <--- serves its blocks
+    submit(TransferJob) ------------> copy remote blocks -> local  <--- serves its blocks
     poll() -> TransferResult <------- (ok / failed, bytes, seconds)
     KVTransferDone --------------------------------------------------> free its blocks
+
+With chunk-level granularity one job per chunk runs as the chunk's KV appears. Jobs run in
+submission order on one worker thread: one link, like one NIC queue. With emulation on, each job
+also waits until its emulated duration (latency + bytes / bandwidth) has passed, so a small
+model on one host reproduces the transfer regime of a big model on a real network.
 
 Contract: the caller frees or reuses the local blocks of a job only after `poll()` returned that
 job's result (a cancelled job still reports one), so the worker never writes into blocks that
@@ -27,17 +33,23 @@ from dataclasses import dataclass
 
 import torch
 
-from common.config import TransferConfig
+from common.config import EmulationConfig, TransferConfig
 from common.engine.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
-class ReadJob:
+class TransferJob:
     request_id: str
     endpoint: str  # the peer's kv_endpoint
     remote_block_ids: list[int]
     local_block_ids: list[int]
     deadline: float  # time.monotonic() after which the job fails
+    num_tokens: int = 0  # tokens whose KV this job moves (for emulated byte counts)
+    write: bool = False  # push local blocks into the peer's instead of reading them
+    final: bool = True  # the last job of this request's hand-off (chunk-level has several)
+
+
+ReadJob = TransferJob  # the common case reads the peer's blocks
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,17 @@ class TransferResult:
     request_id: str
     ok: bool
     error: str = ""
+    num_bytes: int = 0
+    seconds: float = 0.0
+    final: bool = True
+
+
+@dataclass
+class TransferStats:
+    """Totals since start, for load reports and /metrics."""
+
+    num_transfers: int = 0
+    num_failures: int = 0
     num_bytes: int = 0
     seconds: float = 0.0
 
@@ -67,7 +90,7 @@ def copy_blocks(src: torch.Tensor, src_ids: list[int], dst: torch.Tensor,
 
 
 class KVTransferBackend(ABC):
-    """One instance's end of KV movement. Reads run on one worker thread, in order."""
+    """One instance's end of KV movement. Jobs run on one worker thread, in order."""
 
     name = "?"
     needs_shared_cache = False  # peers read this instance's cache in place (shared memory)
@@ -76,7 +99,9 @@ class KVTransferBackend(ABC):
         self.kv_cache = kv_cache
         self.host = host
         self.config = config
-        self._jobs: queue.Queue[ReadJob | None] = queue.Queue()
+        self.emulation: EmulationConfig = config.emulation  # replaceable while running
+        self.stats = TransferStats()
+        self._jobs: queue.Queue[TransferJob | None] = queue.Queue()
         self._results: queue.Queue[TransferResult] = queue.Queue()
         self._cancelled: set[str] = set()
         self._worker = threading.Thread(target=self._work, name=f"kv-{self.name}", daemon=True)
@@ -87,18 +112,26 @@ class KVTransferBackend(ABC):
         """How peers reach this instance's blocks."""
 
     @abstractmethod
-    def _read(self, job: ReadJob) -> int:
+    def _read(self, job: TransferJob) -> int:
         """Copy the job's remote blocks into the local ones; return bytes moved or raise."""
+
+    def _write(self, job: TransferJob) -> int:
+        """Copy the job's local blocks into the remote ones; return bytes moved or raise."""
+        raise TransferError(f"the {self.name} backend does not write into peers")
 
     def start(self) -> None:
         self._worker.start()
 
-    def submit(self, job: ReadJob) -> None:
+    def submit(self, job: TransferJob) -> None:
         self._jobs.put(job)
 
     def cancel(self, request_id: str) -> None:
-        """Skip the job if it has not started; its result is still reported (as failed)."""
+        """Skip the request's jobs that have not started; their results still come back."""
         self._cancelled.add(request_id)
+
+    def forget(self, request_id: str) -> None:
+        """The request's last result has been taken: stop remembering it was cancelled."""
+        self._cancelled.discard(request_id)
 
     def poll(self) -> list[TransferResult]:
         results = []
@@ -113,20 +146,40 @@ class KVTransferBackend(ABC):
             job = self._jobs.get()
             if job is None:
                 return
-            self._results.put(self._run(job))
+            result = self._run(job)
+            self._account(result)
+            self._results.put(result)
 
-    def _run(self, job: ReadJob) -> TransferResult:
+    def _run(self, job: TransferJob) -> TransferResult:
         if job.request_id in self._cancelled:
-            self._cancelled.discard(job.request_id)
-            return TransferResult(job.request_id, False, "cancelled")
+            return TransferResult(job.request_id, False, "cancelled", final=job.final)
         if time.monotonic() > job.deadline:
-            return TransferResult(job.request_id, False, "deadline passed before the read")
+            return TransferResult(job.request_id, False, "deadline passed before the transfer",
+                                  final=job.final)
         started = time.perf_counter()
         try:
-            num_bytes = self._read(job)
+            num_bytes = self._write(job) if job.write else self._read(job)
         except Exception as exc:  # any failure of the peer or the link fails this job only
-            return TransferResult(job.request_id, False, f"{type(exc).__name__}: {exc}")
-        return TransferResult(job.request_id, True, "", num_bytes, time.perf_counter() - started)
+            return TransferResult(job.request_id, False, f"{type(exc).__name__}: {exc}",
+                                  final=job.final)
+        self._pace(started, num_bytes, job)
+        return TransferResult(job.request_id, True, "", num_bytes,
+                              time.perf_counter() - started, job.final)
+
+    def _pace(self, started: float, num_bytes: int, job: TransferJob) -> None:
+        emulated = self.emulation.duration(num_bytes, job.num_tokens)
+        remaining = min(emulated - (time.perf_counter() - started),
+                        job.deadline - time.monotonic())
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def _account(self, result: TransferResult) -> None:
+        self.stats.num_transfers += 1
+        if result.ok:
+            self.stats.num_bytes += result.num_bytes
+            self.stats.seconds += result.seconds
+        else:
+            self.stats.num_failures += 1
 
     def close(self) -> None:
         self._jobs.put(None)

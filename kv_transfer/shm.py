@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from common.engine.kv_cache import map_shared
-from kv_transfer.base import KVTransferBackend, ReadJob, copy_blocks
+from kv_transfer.base import KVTransferBackend, TransferJob, copy_blocks
 
 PREFIX = "shm://"
 
@@ -36,7 +36,7 @@ class SharedMemoryBackend(KVTransferBackend):
             self._peers[endpoint] = tensor
         return tensor
 
-    def _read(self, job: ReadJob) -> int:
+    def _remote(self, job: TransferJob):
         if not job.endpoint.startswith(PREFIX):
             raise ValueError(f"not a shared-memory endpoint: {job.endpoint}")
         if not os.path.exists(job.endpoint.removeprefix(PREFIX)):
@@ -44,9 +44,17 @@ class SharedMemoryBackend(KVTransferBackend):
             self._peers.pop(job.endpoint, None)
             raise ConnectionError("the peer instance has exited")
         try:
-            remote = self._peer(job.endpoint)
+            return self._peer(job.endpoint)
         except (OSError, RuntimeError) as exc:
             self._peers.pop(job.endpoint, None)
             raise ConnectionError(f"peer's shared KV cache is gone: {exc}") from None
-        copy_blocks(remote, job.remote_block_ids, self.kv_cache.tensor, job.local_block_ids)
+
+    def _read(self, job: TransferJob) -> int:
+        copy_blocks(self._remote(job), job.remote_block_ids, self.kv_cache.tensor,
+                    job.local_block_ids)
+        return len(job.local_block_ids) * self.kv_cache.layout.bytes_per_block
+
+    def _write(self, job: TransferJob) -> int:
+        copy_blocks(self.kv_cache.tensor, job.local_block_ids, self._remote(job),
+                    job.remote_block_ids)
         return len(job.local_block_ids) * self.kv_cache.layout.bytes_per_block

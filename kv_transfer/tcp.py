@@ -1,10 +1,11 @@
-"""Transfer over TCP with ZeroMQ: a server thread answers block reads with zero-copy frames.
+"""Transfer over TCP with ZeroMQ: a server thread answers block reads and writes.
 
-Server (every instance): a ROUTER socket; a request names block ids, the reply is a header and
-one frame holding those blocks gathered into [layers, 2, n, block_size, kv_heads, head_dim],
-sent without copying the gathered buffer again. Client (the reading instance's worker thread):
-one DEALER socket per peer; a reply is matched to its request by a sequence number, so a late
-reply to a timed-out read is discarded.
+Server (every instance): a ROUTER socket. A read names block ids; the reply is a header and one
+frame holding those blocks gathered into [layers, 2, n, block_size, kv_heads, head_dim], sent
+without copying the gathered buffer again. A write carries such a frame, which the server copies
+into the named blocks. Client (the transferring instance's worker thread): one DEALER socket per
+peer; a reply is matched to its request by a sequence number, so a late reply to a timed-out
+transfer is discarded.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import msgspec
 import torch
 import zmq
 
-from kv_transfer.base import KVTransferBackend, ReadJob, TransferError
+from kv_transfer.base import KVTransferBackend, TransferError, TransferJob
 
 PREFIX = "tcp://"
 _POLL_MS = 100
@@ -25,6 +26,7 @@ _POLL_MS = 100
 class _ReadRequest(msgspec.Struct):
     seq: int
     block_ids: list[int]
+    write: bool = False  # a second frame carries the blocks to store
 
 
 class _ReadReply(msgspec.Struct):
@@ -62,26 +64,35 @@ class TcpBackend(KVTransferBackend):
         while not self._stop.is_set():
             if not self._server.poll(_POLL_MS):
                 continue
-            identity, payload = self._server.recv_multipart()
-            self._answer(identity, payload)
+            frames = self._server.recv_multipart(copy=False)
+            self._answer(frames[0].bytes, frames[1].bytes, frames[2:])
         self._server.close(0)
 
-    def _answer(self, identity: bytes, payload: bytes) -> None:
+    def _answer(self, identity: bytes, payload: bytes, data: list) -> None:
         try:
             request = msgspec.msgpack.decode(payload, type=_ReadRequest)
         except msgspec.DecodeError:
             return
         try:
             index = torch.tensor(request.block_ids, dtype=torch.long)
-            data = self.kv_cache.tensor.index_select(2, index)
-        except (IndexError, RuntimeError) as exc:
-            reply = _ReadReply(request.seq, False, str(exc))
-            self._server.send_multipart([identity, msgspec.msgpack.encode(reply)])
-            return
-        frame = data.view(torch.uint8).numpy()
-        self._server.send_multipart([identity, msgspec.msgpack.encode(_ReadReply(request.seq,
-                                                                                 True)), frame],
-                                    copy=False)
+            if request.write:
+                self.kv_cache.tensor.index_copy_(2, index, self._frame_tensor(
+                    data[0], len(request.block_ids)))
+                frames = [msgspec.msgpack.encode(_ReadReply(request.seq, True))]
+            else:
+                gathered = self.kv_cache.tensor.index_select(2, index)
+                frames = [msgspec.msgpack.encode(_ReadReply(request.seq, True)),
+                          gathered.view(torch.uint8).numpy()]
+        except (IndexError, RuntimeError, ValueError) as exc:
+            frames = [msgspec.msgpack.encode(_ReadReply(request.seq, False, str(exc)))]
+        self._server.send_multipart([identity, *frames], copy=False)
+
+    def _frame_tensor(self, frame, num_blocks: int) -> torch.Tensor:
+        """A received frame viewed as [layers, 2, num_blocks, block_size, KVH, D] (no copy)."""
+        layout = self.kv_cache.layout
+        shape = (*layout.shape[:2], num_blocks, *layout.shape[3:])
+        data = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+        return data.view(self.kv_cache.tensor.dtype).view(shape)
 
     # -- client side (worker thread) -----------------------------------------------------------
     def _client(self, endpoint: str) -> zmq.Socket:
@@ -98,25 +109,35 @@ class TcpBackend(KVTransferBackend):
         if sock is not None:
             sock.close(0)
 
-    def _read(self, job: ReadJob) -> int:
-        if not job.endpoint.startswith(PREFIX):
-            raise ValueError(f"not a TCP endpoint: {job.endpoint}")
+    def _request(self, job: TransferJob, frames: list) -> list:
         self._seq += 1
         sock = self._client(job.endpoint)
-        sock.send(msgspec.msgpack.encode(_ReadRequest(self._seq, job.remote_block_ids)))
-        frames = self._await_reply(sock, job)
-        reply = msgspec.msgpack.decode(frames[0].bytes, type=_ReadReply)
+        header = _ReadRequest(self._seq, job.remote_block_ids, job.write)
+        sock.send_multipart([msgspec.msgpack.encode(header), *frames], copy=False)
+        reply_frames = self._await_reply(sock, job)
+        reply = msgspec.msgpack.decode(reply_frames[0].bytes, type=_ReadReply)
         if not reply.ok:
-            raise TransferError(f"peer refused the read: {reply.error}")
-        layout = self.kv_cache.layout
-        shape = (*layout.shape[:2], len(job.remote_block_ids), *layout.shape[3:])
-        data = torch.frombuffer(frames[1].buffer, dtype=torch.uint8)
-        data = data.view(self.kv_cache.tensor.dtype).view(shape)
+            raise TransferError(f"peer refused the transfer: {reply.error}")
+        return reply_frames
+
+    def _read(self, job: TransferJob) -> int:
+        if not job.endpoint.startswith(PREFIX):
+            raise ValueError(f"not a TCP endpoint: {job.endpoint}")
+        frames = self._request(job, [])
+        data = self._frame_tensor(frames[1], len(job.remote_block_ids))
         index = torch.tensor(job.local_block_ids, dtype=torch.long)
         self.kv_cache.tensor.index_copy_(2, index, data)
         return data.numel() * data.element_size()
 
-    def _await_reply(self, sock: zmq.Socket, job: ReadJob) -> list:
+    def _write(self, job: TransferJob) -> int:
+        if not job.endpoint.startswith(PREFIX):
+            raise ValueError(f"not a TCP endpoint: {job.endpoint}")
+        index = torch.tensor(job.local_block_ids, dtype=torch.long)
+        gathered = self.kv_cache.tensor.index_select(2, index)
+        self._request(job, [gathered.view(torch.uint8).numpy()])
+        return gathered.numel() * gathered.element_size()
+
+    def _await_reply(self, sock: zmq.Socket, job: TransferJob) -> list:
         while True:
             remaining = job.deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(int(max(remaining, 0) * 1000)):

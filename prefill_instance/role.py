@@ -3,38 +3,34 @@
 1. Admit: a GenerateRequest becomes a Sequence in the raw queue (PrefillScheduler).
 2. Chunk and forward: prefill-only chunks of ChunkSize tokens, merged across requests.
 3. First token: sampled at the end of the prompt and streamed to the gateway at once (TTFT).
-4. Dispatch: the dispatcher picks a decode instance from the cluster monitor's last broadcast;
-   the sequence's blocks are offered to it (KVTransferOffer) and held under a lease.
-5. Release: KVTransferDone from the decode instance frees the blocks; a lease that expires
-   frees them too and fails the request with an error event.
+4. Dispatch (prefill_instance/handoff.py): the dispatcher picks a decode instance from the cluster
+   monitor's last broadcast; the sequence's blocks are offered to it and held under a lease. With
+   chunk-level transfer the offer goes out after the first chunk and each later chunk is
+   announced as soon as it is computed, so the copy overlaps the rest of the prefill.
+5. Release: KVTransferDone frees the blocks. A refused offer (the decode instance is draining)
+   is offered elsewhere; a lease that expires frees the blocks and fails the request with an
+   error event (recoverable under the `recompute` failure policy).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 
 from common.engine.profile import recorded_chunk_size
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
 from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVTransferDone,
-                             KVTransferOffer, Message, PeerInfo, TokenUpdate)
-from common.transfer_errors import REJECTED
+                             KVTransferOffer, Message, TokenUpdate)
 from common.sequence import Sequence
+from common.transfer_errors import REJECTED
 from prefill_instance.dispatcher import DISPATCHERS
+from prefill_instance.handoff import Handoffs
 from prefill_instance.scheduler import PrefillScheduler
 
 log = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 256
-
-
-@dataclass
-class Lease:
-    seq: Sequence
-    decode: PeerInfo
-    expires: float  # time.monotonic()
 
 
 @lru_cache(maxsize=None)
@@ -57,13 +53,10 @@ class PrefillRole(Role):
         super().__init__(ctx)
         self.chunk_size = chunk_size_for(ctx)
         self.scheduler = PrefillScheduler(ctx.config.prefill, self.chunk_size, ctx.kv)
-        self.dispatcher = DISPATCHERS.get("round_robin")()
-        self.decodes: list[PeerInfo] = []
-        self.undispatched: list[Sequence] = []
-        self.leases: dict[str, Lease] = {}
-        self.routes: dict[str, str] = {}  # request id -> gateway inbox, while the request is here
-        log.info("prefill role: ChunkSize %d, policy %s", self.chunk_size,
-                 ctx.config.prefill.policy)
+        self.handoffs = Handoffs(ctx, DISPATCHERS.get("round_robin")())
+        self.chunked = ctx.config.transfer.granularity == "chunk"
+        self.recoverable = ctx.config.transfer.failure_policy == "recompute"
+        self.routes: dict[str, str] = {}  # request id -> gateway inbox, until the first token
 
     # -- messages ------------------------------------------------------------------------------
     def handle(self, message: Message) -> None:
@@ -72,9 +65,10 @@ class PrefillRole(Role):
         elif isinstance(message, AbortRequest):
             self._abort(message.request_id, message.reason)
         elif isinstance(message, ClusterView):
-            self.decodes = message.decodes
+            self.handoffs.decodes = message.decodes
             for dead in message.dead:
-                self._void_leases_to(dead)
+                for request_id in self.handoffs.void_to(dead):
+                    self._drop(request_id)
         elif isinstance(message, KVTransferDone):
             self._transfer_done(message)
         elif isinstance(message, KVTransferOffer):  # arrived after this instance flipped
@@ -89,38 +83,39 @@ class PrefillRole(Role):
         seq.extra.update(reply_to=request.reply_to, deadline=request.deadline,
                          arrival_wall=request.arrival_time)
         self.routes[seq.seq_id] = request.reply_to
-        if self.ctx.kv.num_blocks_for(seq.num_prompt_tokens + 1) > self.ctx.kv.num_blocks:
+        if self.ctx.kv.num_blocks_for(seq.num_tokens + 1) > self.ctx.kv.num_blocks:
             self._fail(seq, "the prompt needs more KV blocks than this instance has")
             return
         self.scheduler.add(seq)
 
-    def _abort(self, request_id: str, reason: str) -> None:
+    def _drop(self, request_id: str) -> None:
+        """Forget a request everywhere in this instance and free its blocks."""
         self.scheduler.abort(request_id)
-        self.undispatched = [s for s in self.undispatched if s.seq_id != request_id]
-        lease = self.leases.pop(request_id, None)
-        if lease is not None:  # after the offer on the same connection, so it cannot overtake it
-            self.ctx.send(lease.decode.inbox, AbortRequest(request_id, reason))
+        self.handoffs.undispatched = [s for s in self.handoffs.undispatched
+                                      if s.seq_id != request_id]
         self.ctx.kv.free(request_id)
         self.routes.pop(request_id, None)
 
+    def _abort(self, request_id: str, reason: str) -> None:
+        self.handoffs.forward_abort(request_id, reason)
+        self._drop(request_id)
+
     def _transfer_done(self, done: KVTransferDone) -> None:
-        lease = self.leases.pop(done.request_id, None)
+        lease = self.handoffs.release(done.request_id)
         if lease is None:
             return
+        prefilling = done.request_id in self.scheduler.sequences
         if not done.ok and done.error.startswith(REJECTED):
-            # The decode instance never touched the blocks (draining, or no longer a decode
-            # instance): offer the sequence to another one.
-            self.decodes = [d for d in self.decodes if d.instance_id != lease.decode.instance_id]
-            self.routes[done.request_id] = lease.seq.extra["reply_to"]
-            self.undispatched.append(lease.seq)
+            # The decode instance never touched the blocks: offer them to another one (after the
+            # prompt is done; a chunk-level offer is simply made again at the next chunk).
+            self.handoffs.exclude(lease.decode.instance_id)
+            if not prefilling:
+                self.handoffs.undispatched.append(lease.seq)
             return
-        self.ctx.kv.free(done.request_id)
-
-    def _void_leases_to(self, instance_id: str) -> None:
-        for request_id, lease in list(self.leases.items()):
-            if lease.decode.instance_id == instance_id:
-                del self.leases[request_id]
-                self.ctx.kv.free(request_id)
+        if prefilling or not done.ok:
+            self._drop(done.request_id)  # the decode side failed: the gateway decides what next
+        else:
+            self.ctx.kv.free(done.request_id)
 
     def _fail(self, seq: Sequence, error: str, recoverable: bool = False) -> None:
         self.routes.pop(seq.seq_id, None)
@@ -131,43 +126,31 @@ class PrefillRole(Role):
 
     # -- background work -----------------------------------------------------------------------
     def poll(self) -> None:
-        now = time.monotonic()
-        for request_id, lease in list(self.leases.items()):
-            if now > lease.expires:
-                del self.leases[request_id]
-                self.ctx.kv.free(request_id)
-                self.ctx.send(lease.decode.inbox, AbortRequest(request_id, "lease expired"))
-                self._fail(lease.seq, f"KV transfer to {lease.decode.instance_id} timed out",
-                           recoverable=True)
+        for lease in self.handoffs.expired():
+            self.handoffs.forward_abort(lease.seq.seq_id, "lease expired")
+            self._drop(lease.seq.seq_id)
+            self._fail(lease.seq, f"KV transfer to {lease.decode.instance_id} timed out",
+                       self.recoverable)
         self._expire_deadlines(time.time())
-        if self.undispatched and self.decodes:
-            waiting, self.undispatched = self.undispatched, []
-            for seq in waiting:
-                self._dispatch(seq, None)
+        waiting, self.handoffs.undispatched = self.handoffs.undispatched, []
+        for seq in waiting:
+            self._dispatch(seq, None)
 
     def _expire_deadlines(self, wall_now: float) -> None:
         for seq in list(self.scheduler.sequences.values()):
             deadline = seq.extra.get("deadline", 0.0)
             if deadline and wall_now > deadline:
-                self.scheduler.abort(seq.seq_id)
+                self._abort(seq.seq_id, "deadline")
                 self._fail(seq, "request deadline exceeded before prefill finished")
 
     def _dispatch(self, seq: Sequence, first_update: TokenUpdate | None) -> None:
-        decode = self.dispatcher.pick(seq, self.decodes)
+        """Request-level hand-off of a prefilled sequence (or hold it until a decode appears)."""
+        decode = self.handoffs.offer(seq, final=True)
         if decode is None:
-            self.undispatched.append(seq)
+            self.handoffs.undispatched.append(seq)
             if first_update is not None:
-                self.ctx.emit(seq.extra["reply_to"], first_update)
+                self.ctx.emit(self.routes[seq.seq_id], first_update)
             return
-        lease_s = self.ctx.config.prefill.lease_timeout_s
-        self.leases[seq.seq_id] = Lease(seq, decode, time.monotonic() + lease_s)
-        self.ctx.send(decode.inbox, KVTransferOffer(
-            request_id=seq.seq_id, token_ids=seq.token_ids, num_prompt_tokens=seq.num_prompt_tokens,
-            sampling=seq.sampling, reply_to=seq.extra["reply_to"],
-            source_instance=self.ctx.instance_id, source_inbox=self.ctx.inbox_address,
-            kv_endpoint=self.ctx.transfer.endpoint, block_ids=list(self.ctx.kv.table(seq.seq_id)),
-            num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + lease_s,
-            arrival_time=seq.extra["arrival_wall"], deadline=seq.extra["deadline"]))
         update = first_update or TokenUpdate(seq.seq_id, instance_id=self.ctx.instance_id)
         update.next_instance = decode.instance_id
         self.ctx.emit(self.routes.pop(seq.seq_id), update)
@@ -179,25 +162,47 @@ class PrefillRole(Role):
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
         updates = {u.seq_id: u for u in self.scheduler.update_from_output(plan, output)}
         prefilled = {s.seq_id: s for s in self.scheduler.take_prefilled()}
-        for seq_id, u in updates.items():
-            token_update = TokenUpdate(seq_id, u.new_token_ids, u.finish_reason,
-                                       u.num_prompt_tokens, u.num_output_tokens,
-                                       self.ctx.instance_id)
+        for chunk in plan.chunks:
+            seq_id, u = chunk.seq_id, updates.get(chunk.seq_id)
             if seq_id in prefilled:
-                self._dispatch(prefilled[seq_id], token_update)
-            elif seq_id in self.routes:  # finished by its first token (stop, max_tokens 1)
-                self.ctx.emit(self.routes.pop(seq_id), token_update)
+                self._prompt_done(prefilled[seq_id], self._token_update(u))
+            elif u is not None:  # finished by its first token (stop, max_tokens 1)
+                self.handoffs.forward_abort(seq_id, "finished at prefill")
+                if seq_id in self.routes:
+                    self.ctx.emit(self.routes.pop(seq_id), self._token_update(u))
+            elif self.chunked and seq_id in self.scheduler.sequences:
+                self._chunk_done(self.scheduler.sequences[seq_id])
+
+    def _token_update(self, u) -> TokenUpdate:
+        return TokenUpdate(u.seq_id, u.new_token_ids, u.finish_reason, u.num_prompt_tokens,
+                           u.num_output_tokens, self.ctx.instance_id)
+
+    def _prompt_done(self, seq: Sequence, first_update: TokenUpdate) -> None:
+        if seq.seq_id in self.handoffs.leases:  # chunk-level: already offered
+            self.handoffs.notify(seq, final=True)
+            self.ctx.emit(self.routes.pop(seq.seq_id), first_update)
+        else:
+            self._dispatch(seq, first_update)
+
+    def _chunk_done(self, seq: Sequence) -> None:
+        if seq.seq_id in self.handoffs.leases:
+            self.handoffs.notify(seq, final=False)
+            return
+        decode = self.handoffs.offer(seq, final=False)
+        if decode is not None:
+            self.ctx.emit(self.routes[seq.seq_id], TokenUpdate(
+                seq.seq_id, instance_id=self.ctx.instance_id, next_instance=decode.instance_id))
 
     # -- reporting -----------------------------------------------------------------------------
     def load(self) -> dict:
         running = sum(1 for s in self.scheduler.scheduled if s.num_computed_tokens > 0)
         return {"num_waiting": len(self.scheduler.sequences) - running, "num_running": running,
-                "num_transferring": len(self.leases) + len(self.undispatched),
+                "num_transferring": len(self.handoffs.leases) + len(self.handoffs.undispatched),
                 "num_queued_tokens": self.scheduler.num_queued_tokens}
 
     def live_seq_ids(self) -> set[str]:
-        return (set(self.scheduler.sequences) | set(self.leases)
-                | {s.seq_id for s in self.undispatched})
+        return (set(self.scheduler.sequences) | set(self.handoffs.leases)
+                | {s.seq_id for s in self.handoffs.undispatched})
 
     @property
     def has_work(self) -> bool:
@@ -205,4 +210,4 @@ class PrefillRole(Role):
 
     @property
     def is_drained(self) -> bool:
-        return not (self.scheduler.sequences or self.leases or self.undispatched)
+        return not (self.scheduler.sequences or self.handoffs.leases or self.handoffs.undispatched)

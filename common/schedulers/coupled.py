@@ -20,6 +20,7 @@ chunked-only, hybrid-only) and `fastserve`. docs/coupled.md describes them all.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import fields
 from typing import Callable
 
 from common.block_pool import KVCacheManager
@@ -174,8 +175,16 @@ def make_coupled_scheduler(policy: str, batch: BatchConfig, kv: KVCacheManager,
     cls = COUPLED_POLICIES.get(policy)
     if options and cls.options_cls is None:
         raise ValueError(f"coupled policy {policy!r} takes no options, got {sorted(options)}")
-    built = cls.options_cls(**(options or {})) if cls.options_cls is not None else None
-    return cls(batch, kv, swap, built)
+    if cls.options_cls is None:
+        return cls(batch, kv, swap, None)
+    defaults = {f.name: f.default for f in fields(cls.options_cls)}
+    unknown = set(options or {}) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown {policy} options {sorted(unknown)}; known: {sorted(defaults)}")
+    # Values may come from the command line as numbers: cast each to its default's type
+    # (8.0 -> 8 queues, 0.0 -> False).
+    typed = {k: type(defaults[k])(v) for k, v in (options or {}).items()}
+    return cls(batch, kv, swap, cls.options_cls(**typed))
 
 
 @COUPLED_POLICIES.register("sarathi", "stall-free")

@@ -51,6 +51,7 @@ class FastServeOptions:
     starvation_limit_s: float = 0.3
     reserved_blocks: int = 0  # device blocks kept free for new jobs (proactive mode only)
     proactive: bool = True  # False: swap only when a selected job needs the blocks (reactive)
+    skip_join: bool = True  # False: naive MLFQ, every job enters Q1 (FastServe's ablation)
 
     def __post_init__(self) -> None:
         if not (self.seconds_per_decode_iteration > 0 and self.seconds_per_prefill_token > 0
@@ -83,7 +84,7 @@ class FastServeScheduler(CoupledScheduler):
     def add(self, seq: Sequence) -> None:
         super().add(seq)
         self.mlfq.join(seq.seq_id, self.options.iteration_s(seq.num_uncomputed_tokens),
-                       self.clock())
+                       self.clock(), self.options.skip_join)
 
     def _drop(self, seq: Sequence) -> None:
         super()._drop(seq)
@@ -130,13 +131,15 @@ class FastServeScheduler(CoupledScheduler):
 
     def _make_room(self, seq: Sequence, num_tokens: int, lower: list[Sequence],
                    enst: dict[str, float]) -> bool:
-        """Evict resident jobs of lower priority, latest ENST first, until `seq` fits."""
+        """Evict resident jobs of lower priority, latest ENST first, until `seq` fits; evict
+        nobody when even all of them would not free enough."""
         need = self._blocks_needed(seq, num_tokens)
+        resident = [s for s in lower if s.status == SequenceStatus.RUNNING]
+        if need > self.kv.num_free_blocks + sum(len(self.kv.table(s.seq_id)) for s in resident):
+            return False
+        resident.sort(key=lambda s: enst[s.seq_id])
         while need > self.kv.num_free_blocks:
-            resident = [s for s in lower if s.status == SequenceStatus.RUNNING]
-            if not resident:
-                return False
-            self._evict(max(resident, key=lambda s: enst[s.seq_id]))
+            self._evict(resident.pop())
         return True
 
     def _make_resident(self, seq: Sequence, num_tokens: int) -> None:

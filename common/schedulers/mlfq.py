@@ -51,9 +51,11 @@ class SkipJoinMLFQ:
                 return level
         return self.num_queues - 1
 
-    def join(self, job_id: str, first_iteration_s: float, now: float) -> int:
-        """Skip-join a new job; returns its level."""
-        level = self.entry_level(first_iteration_s)
+    def join(self, job_id: str, first_iteration_s: float, now: float,
+             skip_join: bool = True) -> int:
+        """Skip-join a new job (or, with skip_join=False, naive MLFQ: enter Q1); returns its
+        level."""
+        level = self.entry_level(first_iteration_s) if skip_join else 0
         self.jobs[job_id] = MLFQJob(level, next(self._tickets), now)
         return level
 

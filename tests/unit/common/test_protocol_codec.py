@@ -9,6 +9,7 @@ import pytest
 
 from common import protocol
 from common.protocol import (AbortRequest, ClusterView, CodecError, FlipCommand, FlipReport,
+                             KVChunkReady,
                              GenerateRequest,
                              InstanceStats, KVTransferDone, KVTransferOffer, Message, PeerInfo,
                              Shutdown, TokenBatch, TokenUpdate, decode, encode)
@@ -49,6 +50,7 @@ MESSAGES = [
     TokenBatch([]),
     Shutdown(),
     FlipCommand("f1", "decode"),
+    KVChunkReady("r1", [4, 5, 6], 40, True, [1, 2, 3]),
     FlipReport("f1", "prefill-0", "prefill", "decode", 0.25, 0.0012, 1700000000.5),
     ClusterView([], 2.0, dead=["decode-3"]),
     GenerateRequest("r9", [1, 2, 3, 4], SamplingParams(max_tokens=9), "tcp://g:1", 1.0,

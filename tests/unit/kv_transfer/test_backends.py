@@ -78,3 +78,29 @@ def test_copy_blocks_groups_runs():
     dst = torch.zeros_like(src)
     copy_blocks(src, [2, 3, 4, 8], dst, [5, 6, 7, 0])
     assert dst[:, :, 5:8].equal(src[:, :, 2:5]) and dst[:, :, 0].equal(src[:, :, 8])
+
+
+def test_write_pushes_local_blocks_into_the_peer(pair):
+    serve, read, source, target = pair
+    target.tensor.normal_()
+    job = ReadJob("w1", serve.endpoint, remote_block_ids=[20, 21, 5], local_block_ids=[1, 2, 3],
+                  deadline=time.monotonic() + 5, write=True)
+    read.submit(job)
+    [result] = wait_results(read, 1)
+    assert result.ok, result.error
+    for remote, local in zip([20, 21, 5], [1, 2, 3]):
+        assert torch.equal(source.tensor[:, :, remote], target.tensor[:, :, local])
+
+
+def test_emulated_bandwidth_paces_delivery(pair):
+    from common.config import EmulationConfig
+
+    serve, read, source, target = pair
+    read.emulation = EmulationConfig(bandwidth=1e6, latency_s=0.05, bytes_per_token=1000)
+    started = time.monotonic()
+    read.submit(ReadJob("e1", serve.endpoint, [1], [1], time.monotonic() + 5, num_tokens=200))
+    [result] = wait_results(read, 1)
+    elapsed = time.monotonic() - started
+    assert result.ok
+    assert elapsed >= 0.05 + 200 * 1000 / 1e6  # 0.25 s: paced, never early
+    assert read.stats.num_transfers == 1 and read.stats.num_bytes == LAYOUT.bytes_per_block

@@ -1,0 +1,178 @@
+"""The decode instance's receiver: offers wait for room, then their KV is read into local blocks.
+
+    KVTransferOffer --> pending (FIFO) --admit: blocks for prompt + 1 token--> transferring
+    KVChunkReady    --> (chunk-level) read the newly ready blocks as they appear
+    last job done   --> KVTransferDone to the prefill instance; the sequence is ready to decode
+
+A hand-off is one read (request-level) or one read per chunk (chunk-level; the last partially
+filled block is read again with the next chunk). Local blocks are freed only after every
+submitted job has reported back, so no transfer can write into blocks that were reused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.protocol import KVChunkReady, KVTransferDone, KVTransferOffer
+from common.sequence import Sequence
+from common.transfer_errors import REJECTED
+from kv_transfer import TransferJob, TransferResult
+
+LEASE_MARGIN_S = 1.0  # finish reading this long before the prefill's lease expires
+
+
+@dataclass
+class HandOff:
+    offer: KVTransferOffer
+    num_requested: int = 0  # tokens whose blocks have been asked for
+    outstanding: int = 0  # jobs submitted, result not yet seen
+    complete: bool = False  # the final job succeeded
+    failed: str = ""  # first error; set once
+    aborted: bool = False
+    local_blocks: list[int] = field(default_factory=list)
+
+    @property
+    def final_known(self) -> bool:
+        return self.offer.final
+
+
+class Receiver:
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.pending: deque[HandOff] = deque()
+        self.active: dict[str, HandOff] = {}
+        self.ready: list[Sequence] = []  # received, to join the running batch
+        self.failed: list[tuple[KVTransferOffer, str]] = []  # to report to the gateway
+
+    def find(self, request_id: str) -> HandOff | None:
+        return self.active.get(request_id) or next(
+            (h for h in self.pending if h.offer.request_id == request_id), None)
+
+    def offer(self, offer: KVTransferOffer) -> None:
+        self.pending.append(HandOff(offer))
+
+    def chunk(self, message: KVChunkReady) -> None:
+        handoff = self.find(message.request_id)
+        if handoff is None or handoff.failed or handoff.aborted:
+            return
+        offer = handoff.offer
+        offer.block_ids, offer.num_cached_tokens = message.block_ids, message.num_cached_tokens
+        offer.final = message.final
+        offer.lease_expires = message.lease_expires or offer.lease_expires
+        if message.final:
+            offer.token_ids = message.token_ids
+        if message.request_id in self.active:
+            self._request_more(handoff)
+
+    def reject_pending(self, why: str) -> None:
+        while self.pending:
+            offer = self.pending.popleft().offer
+            self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False,
+                                                             REJECTED + why))
+
+    def abort(self, request_id: str) -> None:
+        for handoff in list(self.pending):
+            if handoff.offer.request_id == request_id:
+                self.pending.remove(handoff)
+                self._release_source(handoff, "aborted")
+        handoff = self.active.get(request_id)
+        if handoff is not None:
+            handoff.aborted = True
+            self.ctx.transfer.cancel(request_id)
+            self._maybe_close(handoff)
+
+    # -- admission and reads ---------------------------------------------------------------------
+    def admit(self) -> None:
+        while self.pending:
+            handoff = self.pending[0]
+            if self._expired(handoff):
+                self.pending.popleft()
+                self._release_source(handoff, "expired")
+                self.failed.append((handoff.offer, "KV lease expired before this decode instance "
+                                                   "had room"))
+                continue
+            # prompt (+ output a recovered request already had) + the next token's KV
+            table = self.ctx.kv.grow(handoff.offer.request_id, len(handoff.offer.token_ids) + 1)
+            if table is None:
+                return  # greedy admission: wait for room, in arrival order
+            self.pending.popleft()
+            handoff.local_blocks = table
+            self.active[handoff.offer.request_id] = handoff
+            self._request_more(handoff)
+
+    @staticmethod
+    def _expired(handoff: HandOff) -> bool:
+        return handoff.offer.lease_expires - time.time() - LEASE_MARGIN_S <= 0
+
+    def _request_more(self, handoff: HandOff) -> None:
+        """Submit a read for the blocks that became ready since the last one."""
+        offer, block_size = handoff.offer, self.ctx.kv.block_size
+        if offer.num_cached_tokens <= handoff.num_requested and not offer.final:
+            return
+        first = handoff.num_requested // block_size  # re-read a partly filled last block
+        last = -(-offer.num_cached_tokens // block_size)
+        remaining = min(self.ctx.config.transfer.timeout_s,
+                        offer.lease_expires - time.time() - LEASE_MARGIN_S)
+        handoff.outstanding += 1
+        self.ctx.transfer.submit(TransferJob(
+            offer.request_id, offer.kv_endpoint, offer.block_ids[first:last],
+            handoff.local_blocks[first:last], time.monotonic() + max(remaining, 0.0),
+            num_tokens=offer.num_cached_tokens - handoff.num_requested, final=offer.final))
+        handoff.num_requested = offer.num_cached_tokens
+
+    def on_result(self, result: TransferResult) -> None:
+        handoff = self.active.get(result.request_id)
+        if handoff is None:
+            return
+        handoff.outstanding -= 1
+        if not result.ok and not handoff.failed:
+            handoff.failed = result.error
+            self.ctx.transfer.cancel(result.request_id)
+        elif result.ok and result.final:
+            handoff.complete = True
+        self._maybe_close(handoff)
+
+    def _maybe_close(self, handoff: HandOff) -> None:
+        if handoff.outstanding > 0:
+            return  # a job may still be writing into our blocks
+        request_id = handoff.offer.request_id
+        if handoff.aborted or handoff.failed:
+            del self.active[request_id]
+            self.ctx.transfer.forget(request_id)
+            self.ctx.kv.free(request_id)
+            self._release_source(handoff, "aborted" if handoff.aborted else handoff.failed)
+            if handoff.failed and not handoff.aborted:
+                self.failed.append((handoff.offer, f"KV transfer failed: {handoff.failed}"))
+        elif handoff.complete:
+            del self.active[request_id]
+            self.ctx.transfer.forget(request_id)
+            self.ctx.send(handoff.offer.source_inbox, KVTransferDone(request_id))
+            self.ready.append(self._sequence(handoff))
+
+    def _release_source(self, handoff: HandOff, why: str) -> None:
+        self.ctx.send(handoff.offer.source_inbox,
+                      KVTransferDone(handoff.offer.request_id, False, why))
+
+    def _sequence(self, handoff: HandOff) -> Sequence:
+        offer = handoff.offer
+        seq = Sequence(offer.request_id, offer.token_ids[:offer.num_prompt_tokens],
+                       offer.sampling, self.ctx.runner.max_model_len)
+        seq.token_ids = list(offer.token_ids)
+        seq.num_computed_tokens = offer.num_cached_tokens
+        seq.block_ids = self.ctx.kv.table(offer.request_id)
+        seq.extra.update(reply_to=offer.reply_to, deadline=offer.deadline)
+        return seq
+
+    # -- reporting -------------------------------------------------------------------------------
+    @property
+    def num_pending(self) -> int:
+        return len(self.pending)
+
+    @property
+    def num_active(self) -> int:
+        return len(self.active)
+
+    def queued_tokens(self) -> int:
+        return sum(h.offer.num_prompt_tokens for h in self.pending)

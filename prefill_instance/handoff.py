@@ -1,0 +1,82 @@
+"""Hand-offs from a prefill instance to decode instances: dispatch, leases, chunk notices.
+
+A lease is the promise to keep a sequence's KV blocks until the decode instance has copied them
+(KVTransferDone), or until the lease expires. Request-level: one KVTransferOffer when the prompt
+is done. Chunk-level: the offer goes out after the first chunk (final=False), a KVChunkReady after
+each further chunk, and a final KVChunkReady with the first token; each notice extends the lease.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from common.protocol import AbortRequest, KVChunkReady, KVTransferOffer, PeerInfo
+from common.sequence import Sequence
+
+
+@dataclass
+class Lease:
+    seq: Sequence
+    decode: PeerInfo
+    expires: float  # time.monotonic()
+
+
+class Handoffs:
+    def __init__(self, ctx, dispatcher) -> None:
+        self.ctx = ctx
+        self.dispatcher = dispatcher
+        self.lease_s = ctx.config.prefill.lease_timeout_s
+        self.decodes: list[PeerInfo] = []
+        self.leases: dict[str, Lease] = {}
+        self.undispatched: list[Sequence] = []  # prefilled, waiting for a decode instance
+
+    def offer(self, seq: Sequence, final: bool) -> PeerInfo | None:
+        """Pick a decode instance and offer it the sequence's blocks; None if none is known."""
+        decode = self.dispatcher.pick(seq, self.decodes)
+        if decode is None:
+            return None
+        self.leases[seq.seq_id] = Lease(seq, decode, time.monotonic() + self.lease_s)
+        self.ctx.send(decode.inbox, KVTransferOffer(
+            request_id=seq.seq_id, token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens, sampling=seq.sampling,
+            reply_to=seq.extra["reply_to"], source_instance=self.ctx.instance_id,
+            source_inbox=self.ctx.inbox_address, kv_endpoint=self.ctx.transfer.endpoint,
+            block_ids=list(self.ctx.kv.table(seq.seq_id)),
+            num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + self.lease_s,
+            arrival_time=seq.extra["arrival_wall"], deadline=seq.extra["deadline"], final=final))
+        return decode
+
+    def notify(self, seq: Sequence, final: bool) -> None:
+        """Chunk-level: more of the sequence's KV is ready (final: the prompt is done)."""
+        lease = self.leases[seq.seq_id]
+        lease.expires = time.monotonic() + self.lease_s
+        self.ctx.send(lease.decode.inbox, KVChunkReady(
+            seq.seq_id, list(self.ctx.kv.table(seq.seq_id)), seq.num_computed_tokens, final,
+            list(seq.token_ids) if final else [], lease_expires=time.time() + self.lease_s))
+
+    def release(self, request_id: str) -> Lease | None:
+        return self.leases.pop(request_id, None)
+
+    def forward_abort(self, request_id: str, reason: str) -> None:
+        lease = self.leases.pop(request_id, None)
+        if lease is not None:  # after the offer on the same connection: it cannot overtake it
+            self.ctx.send(lease.decode.inbox, AbortRequest(request_id, reason))
+
+    def void_to(self, instance_id: str) -> list[str]:
+        """A decode instance died: its leases are void. Returns their request ids."""
+        void = [r for r, lease in self.leases.items() if lease.decode.instance_id == instance_id]
+        for request_id in void:
+            del self.leases[request_id]
+        return void
+
+    def exclude(self, instance_id: str) -> None:
+        """Stop offering to an instance until the next broadcast lists it again."""
+        self.decodes = [d for d in self.decodes if d.instance_id != instance_id]
+
+    def expired(self) -> list[Lease]:
+        now = time.monotonic()
+        gone = [lease for lease in self.leases.values() if now > lease.expires]
+        for lease in gone:
+            del self.leases[lease.seq.seq_id]
+        return gone

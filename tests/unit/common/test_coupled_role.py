@@ -1,0 +1,135 @@
+"""The coupled role on a fake RoleContext: admit, stream, abort, deadlines, drain, host tier."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from common.block_pool import KVCacheManager
+from common.config import BatchConfig, EngineConfig
+from common.engine.coupled_role import CoupledRole, CoupledSettings
+from common.engine.kv_cache import KVLayout
+from common.engine.worker import RoleContext
+from common.plan import ModelOutput
+from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer
+from common.sampling_params import SamplingParams
+from common.transfer_errors import REJECTED
+
+GATEWAY = "tcp://gateway"
+
+
+class FakeOutbox:
+    def __init__(self) -> None:
+        self.sent = []
+
+    def send(self, address, message) -> bool:
+        self.sent.append((address, message))
+        return True
+
+
+def make_role(policy="vllm", num_blocks=32, block_size=4, **settings):
+    config = SimpleNamespace(engine=EngineConfig(batch=BatchConfig(max_num_seqs=4,
+                                                                   max_num_batched_tokens=16)),
+                             coupled_policy=policy, **settings)
+    runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
+                             kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
+    ctx = RoleContext("coupled-0", config, runner, KVCacheManager(num_blocks, block_size),
+                      None, FakeOutbox(), "tcp://me")
+    return CoupledRole(ctx)
+
+
+def request(request_id, num_prompt=5, max_tokens=3, deadline=0.0, num_generated=0):
+    return GenerateRequest(request_id, list(range(1, num_prompt + 1)),
+                           SamplingParams(max_tokens=max_tokens), GATEWAY, time.time(),
+                           deadline=deadline, num_generated=num_generated)
+
+
+def turn(role, token=9):
+    """One instance-loop turn with a fake forward; returns the updates emitted."""
+    role.poll()
+    plan = role.schedule()
+    if not plan.is_empty:
+        role.update_from_output(plan, ModelOutput(
+            {c.seq_id: token for c in plan.chunks if c.sampling is not None}))
+    updates = role.ctx.pending_tokens.pop(GATEWAY, [])
+    return [(u.request_id, u.token_ids, u.finish_reason, u.num_output_tokens) for u in updates]
+
+
+def test_requests_are_served_end_to_end_and_their_blocks_freed():
+    role = make_role("vllm")
+    role.handle(request("a"))
+    role.handle(request("b", num_prompt=7))
+    assert role.load() == {"num_waiting": 2, "num_running": 0, "num_transferring": 0,
+                           "num_queued_tokens": 12}
+    assert turn(role) == [("a", [9], None, 1), ("b", [9], None, 1)]
+    assert turn(role) == [("a", [9], None, 2), ("b", [9], None, 2)]
+    assert turn(role) == [("a", [9], "length", 3), ("b", [9], "length", 3)]
+    assert not role.has_work and role.is_drained and role.live_seq_ids() == set()
+    assert role.ctx.kv.num_free_blocks == role.ctx.kv.num_blocks
+
+
+def test_abort_and_deadline_free_the_sequence():
+    role = make_role("sarathi")
+    role.handle(request("a", max_tokens=10))
+    role.handle(request("late", max_tokens=10, deadline=time.time() + 60))
+    turn(role)
+    role.handle(AbortRequest("a"))
+    role.scheduler.sequences["late"].extra["deadline"] = time.time() - 1
+    updates = turn(role)
+    assert updates == [("late", [], "error", 1)]
+    assert role.ctx.kv.num_free_blocks == role.ctx.kv.num_blocks and not role.has_work
+
+
+def test_a_recovered_request_counts_its_generated_tokens_as_output():
+    role = make_role("orca")
+    role.handle(request("r", num_prompt=6, max_tokens=3, num_generated=2))
+    assert turn(role) == [("r", [9], "length", 3)]  # 2 already streamed + 1 = max_tokens
+
+
+def test_draining_sends_unstarted_requests_back_and_finishes_the_rest():
+    role = make_role("vllm")
+    role.handle(request("started", max_tokens=2))
+    turn(role)
+    role.handle(request("queued"))
+    role.begin_drain()
+    role.handle(request("new"))
+    bounced = role.ctx.pending_tokens.pop(GATEWAY)
+    assert [(u.request_id, u.recoverable) for u in bounced] == [("queued", True), ("new", True)]
+    assert not role.is_drained
+    assert turn(role) == [("started", [9], "length", 2)]
+    assert role.is_drained
+
+
+def test_kv_offers_are_rejected_so_the_prefill_instance_looks_elsewhere():
+    role = make_role()
+    offer = KVTransferOffer("x", [1, 2], 1, SamplingParams(), GATEWAY, "p0", "tcp://p0", "kv", [0],
+                            1, time.time() + 5)
+    role.handle(offer)
+    (address, done), = role.ctx.outbox.sent
+    assert address == "tcp://p0" and isinstance(done, KVTransferDone)
+    assert not done.ok and done.error.startswith(REJECTED)
+
+
+def test_fastserve_gets_a_host_tier_by_default_and_others_on_request():
+    role = make_role("fastserve", num_blocks=16)
+    assert role.scheduler.swap.num_blocks == 16
+    assert role.ctx.runner.swap_space.num_blocks == 16
+    assert make_role("sarathi").scheduler.swap is None
+    role = make_role("sarathi", coupled_swap_blocks=8, coupled_swap_bandwidth=1e9)
+    assert role.scheduler.swap.num_blocks == 8
+    assert role.ctx.runner.swap_space.bandwidth_bytes_per_s == 1e9
+
+
+def test_policy_options_reach_the_policy_and_bad_names_fail():
+    role = make_role("fastserve", coupled_options=(("starvation_limit_s", 2.5),
+                                                   ("num_queues", 3.0), ("proactive", 0.0)))
+    assert role.scheduler.mlfq.starvation_limit_s == 2.5
+    assert role.scheduler.mlfq.num_queues == 3 and role.scheduler.options.proactive is False
+    with pytest.raises(ValueError, match="unknown fastserve options"):
+        make_role("fastserve", coupled_options=(("quantum", 1.0),))
+    with pytest.raises(KeyError, match="known: chunked-only"):
+        make_role("nope")
+    assert CoupledSettings.from_config(SimpleNamespace()).policy == "sarathi"

@@ -1,0 +1,224 @@
+"""FastServe: the skip-join MLFQ's arithmetic, golden plans of the scheduler, proactive swap."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from common.config import ConfigError
+from common.schedulers.fastserve import FastServeOptions
+from common.schedulers.mlfq import SkipJoinMLFQ
+from common.sequence import SequenceStatus
+from unit.common.coupled_fixtures import FakeKV, make, run_to_completion, seq, shape, step
+
+# q1 = 1 s, so the quanta are 1, 2, 4, 8 and a prompt of n tokens costs max(1, n / 4) seconds.
+OPTIONS = dict(seconds_per_decode_iteration=1.0, seconds_per_prefill_token=0.25, num_queues=4,
+               starvation_limit_s=100.0)
+
+
+def fastserve(max_seqs=1, budget=64, num_blocks=32, host_blocks=0, **options):
+    sched = make("fastserve", budget=budget, max_seqs=max_seqs, num_blocks=num_blocks,
+                 block_size=4, host_blocks=host_blocks, options={**OPTIONS, **options})
+    sched.now = 0.0
+    sched.clock = lambda: sched.now
+    return sched
+
+
+def trace(sched, tick=0.0):
+    """(seq_id, num_cached, num_tokens) of every forward until the scheduler is idle."""
+    plans = []
+    while sched.has_work:
+        plan = sched.schedule()
+        plans.append([c[:3] for c in shape(plan)])
+        step(sched, plan)
+        sched.now += tick
+    return plans
+
+
+# -- the MLFQ ------------------------------------------------------------------------------------
+def test_quanta_double_and_jobs_skip_join_by_first_iteration_time():
+    mlfq = SkipJoinMLFQ(1.0, 4, 100.0)
+    assert mlfq.quanta == [1.0, 2.0, 4.0, 8.0]
+    assert [mlfq.entry_level(t) for t in (0.5, 1.0, 1.5, 4.0, 100.0)] == [0, 0, 1, 2, 3]
+
+
+def test_a_job_is_demoted_once_it_used_its_quantum():
+    mlfq = SkipJoinMLFQ(1.0, 3, 100.0)
+    mlfq.join("j", 0.5, now=0.0)
+    mlfq.charge("j", 1.0, next_iteration_s=1.0, now=1.0)
+    assert mlfq.level("j") == 1
+    mlfq.charge("j", 1.0, 1.0, now=2.0)
+    assert mlfq.level("j") == 1  # 1 of 2 s used
+    mlfq.charge("j", 1.0, 1.0, now=3.0)
+    assert mlfq.level("j") == 2
+    for _ in range(5):
+        mlfq.charge("j", 1.0, 1.0, now=4.0)
+    assert mlfq.level("j") == 2 and mlfq.num_demotions == 2  # the last queue keeps it
+
+
+def test_starved_jobs_return_to_the_back_of_q1():
+    mlfq = SkipJoinMLFQ(1.0, 4, starvation_limit_s=5.0)
+    mlfq.join("top", 0.5, now=0.0)
+    mlfq.join("long", 3.0, now=0.0)  # level 2
+    assert mlfq.promote_starved(4.9) == []
+    assert mlfq.promote_starved(5.0) == ["long"]  # "top" is in Q1 already and keeps its place
+    assert mlfq.order() == ["top", "long"] and mlfq.level("long") == 0
+    assert mlfq.jobs["long"].last_run == 5.0
+
+
+def test_enst_is_the_earlier_of_promotion_and_execution():
+    mlfq = SkipJoinMLFQ(1.0, 4, starvation_limit_s=10.0)
+    for job_id, first_iteration_s in (("a", 1.0), ("b", 2.0), ("c", 4.0)):
+        mlfq.join(job_id, first_iteration_s, now=0.0)  # levels 0, 1, 2
+    # T_execute(b) = (q1 + q2) / B; T_execute(c) = ((q1+q2+q3) + (q2+q3)) / B, B = 2
+    assert mlfq.enst(["a", "b", "c"], now=0.0, batch_size=2) == {"a": 0.0, "b": 1.5, "c": 6.5}
+    mlfq.jobs["c"].last_run = -8.0  # 2 s from promotion
+    assert mlfq.enst(["a", "b", "c"], now=0.0, batch_size=2)["c"] == 2.0
+
+
+def test_options_are_validated():
+    with pytest.raises(ConfigError):
+        FastServeOptions(starvation_limit_s=0.0)
+    assert FastServeOptions(seconds_per_decode_iteration=0.02,
+                            seconds_per_prefill_token=0.001).iteration_s(100) == 0.1
+
+
+# -- golden plans --------------------------------------------------------------------------------
+def test_skip_join_runs_short_jobs_before_a_long_prompt():
+    sched = fastserve()
+    for s in (seq("A", 16, 3), seq("B", 4, 3), seq("C", 6, 3)):  # t_init 4, 1, 1.5: Q3, Q1, Q2
+        sched.add(s)
+    assert trace(sched) == [
+        [("B", 0, 4)],  # Q1; used q1 = 1 s: down to Q2, behind C
+        [("C", 0, 6)],  # Q2 head; 1.5 of 2 s used
+        [("C", 6, 1)],  # 2.5 s: down to Q3, behind A
+        [("B", 4, 1)],
+        [("B", 5, 1)],  # B's third token: done
+        [("A", 0, 16)],  # Q3 head; used its 4 s: down to Q4
+        [("C", 7, 1)],
+        [("A", 16, 1)],
+        [("A", 17, 1)],
+    ]
+
+
+def test_naive_mlfq_puts_every_job_in_q1_so_the_long_prompt_goes_first():
+    sched = fastserve(skip_join=False)
+    for s in (seq("A", 16, 3), seq("B", 4, 3), seq("C", 6, 3)):
+        sched.add(s)
+    assert trace(sched)[:3] == [[("A", 0, 16)], [("B", 0, 4)], [("C", 0, 6)]]
+
+
+def test_starvation_promotion_lets_a_long_job_overtake():
+    def long_prefill_index(alpha):
+        sched = fastserve(starvation_limit_s=alpha)
+        for i in range(5):
+            sched.add(seq(f"S{i}", 2, 3))
+        sched.add(seq("L", 16, 3))
+        plans = trace(sched, tick=1.0)
+        return plans.index([("L", 0, 16)])
+
+    assert long_prefill_index(1000.0) == 15  # after all 15 forwards of the short jobs
+    assert long_prefill_index(3.0) == 5  # promoted at t=3, behind the Q1 jobs S3 and S4
+
+
+def test_a_batch_takes_jobs_by_priority_under_the_prompt_token_cap():
+    sched = fastserve(max_seqs=4, budget=8)
+    for s in (seq("A", 16, 3), seq("B", 4, 3), seq("C", 6, 3), seq("D", 2, 3)):
+        sched.add(s)
+    # order B, D (Q1), C (Q2), A (Q3): C would pass 8 prompt tokens; A is a lone prompt later
+    assert shape(sched.schedule()) == [("B", 0, 4, True), ("D", 0, 2, True)]
+
+
+def test_memory_shortage_swaps_out_the_latest_enst_and_resumes_without_recompute():
+    sched = fastserve(num_blocks=4, host_blocks=8, proactive=False,
+                      seconds_per_prefill_token=0.01)  # both prompts join Q1
+    sched.add(seq("A", 7, 5))
+    sched.add(seq("B", 7, 5, first=50))
+    fake, plans = FakeKV(4), []
+    for _ in range(5):
+        plan = sched.schedule()
+        plans.append((shape(plan), plan.swap_out, plan.swap_in))
+        sched.update_from_output(plan, fake.execute(plan, sched))  # checks the KV contents
+        sched.check_integrity()
+    assert plans == [
+        ([("A", 0, 7, True)], [], []),  # A: blocks 0, 1
+        ([("B", 0, 7, True)], [], []),  # B: blocks 2, 3; pool full
+        ([("A", 7, 1, True)], [], []),
+        # A's 9th token needs a block: B (lower priority now) goes to host blocks 0, 1
+        ([("A", 8, 1, True)], [(2, 0), (3, 1)], []),
+        # A used Q2's quantum; B is ahead and needs its blocks back: A goes out first, then B
+        # comes in, reusing device block 3 that A's swap-out frees in the same plan
+        ([("B", 7, 1, True)], [(0, 2), (1, 3), (3, 4)], [(0, 2), (1, 3)]),
+    ]
+    assert sched.sequences["B"].num_computed_tokens == 8  # resumed, not recomputed
+    assert sched.sequences["A"].status == SequenceStatus.PREEMPTED
+
+
+def test_proactive_swap_keeps_a_reserve_and_swaps_in_ahead_of_need():
+    sched = fastserve(num_blocks=6, host_blocks=8, reserved_blocks=2,
+                      seconds_per_prefill_token=0.01)
+    sched.add(seq("A", 7, 3))
+    sched.add(seq("S", 7, 8, first=50))
+    fake, plans = FakeKV(4), []
+    for i in range(6):
+        if i == 4:
+            sched.add(seq("T", 7, 8, first=80))
+        plan = sched.schedule()
+        plans.append((shape(plan), plan.swap_out, plan.swap_in))
+        sched.update_from_output(plan, fake.execute(plan, sched))
+        sched.check_integrity()
+    assert plans == [
+        ([("A", 0, 7, True)], [], []),
+        ([("S", 0, 7, True)], [], []),
+        ([("A", 7, 1, True)], [], []),
+        # A's new block leaves 1 free < the reserve of 2: S, not scheduled, goes out early
+        ([("A", 8, 1, True)], [(2, 0), (3, 1)], []),
+        # A finished; T runs, and S comes back while T runs, before its own turn
+        ([("T", 0, 7, True)], [], [(0, 2), (1, 4)]),
+        ([("S", 7, 1, True)], [], []),  # resident already: no swap on its critical path
+    ]
+
+
+def test_no_job_is_evicted_for_one_that_would_not_fit_anyway():
+    sched = fastserve(max_seqs=3, num_blocks=5, host_blocks=8, proactive=False)
+    sched.add(seq("B", 7, 5))
+    sched.add(seq("A", 3, 5, first=50))
+    step(sched, sched.schedule())  # B holds 2 blocks, A 1; 2 free
+    sched.add(seq("H", 13, 5, first=80))  # needs 4 blocks
+    for job_id, level in (("B", 0), ("H", 1), ("A", 2)):  # hand-built queues: B, H, A
+        sched.mlfq.jobs[job_id].level = level
+    plan = sched.schedule()
+    # evicting A would free 1 block: 3 < 4, so H waits and A keeps its blocks and runs
+    assert shape(plan) == [("B", 7, 1, True), ("A", 3, 1, True)] and not plan.swap_out
+
+
+def test_without_a_host_tier_the_latest_enst_is_recomputed():
+    sched = fastserve(num_blocks=4, seconds_per_prefill_token=0.01)
+    sched.add(seq("A", 7, 5))
+    sched.add(seq("B", 7, 5, first=50))
+    for _ in range(4):
+        plan = sched.schedule()
+        step(sched, plan)
+    assert shape(plan) == [("A", 8, 1, True)] and not plan.swap_out
+    assert sched.sequences["B"].num_computed_tokens == 0 and sched.waiting[0].seq_id == "B"
+
+
+@pytest.mark.parametrize("host_blocks,proactive", [(0, False), (6, False), (6, True)])
+def test_every_job_completes_under_memory_pressure(host_blocks, proactive):
+    rng = random.Random(host_blocks + proactive)
+    sched = fastserve(max_seqs=3, budget=12, num_blocks=9, host_blocks=host_blocks,
+                      proactive=proactive, reserved_blocks=1, starvation_limit_s=4.0)
+    wanted = {}
+    for i in range(12):
+        s = seq(f"s{i}", rng.randint(2, 14), max_tokens=rng.randint(4, 14), first=10 * i + 1)
+        wanted[s.seq_id] = s.sampling.max_tokens
+        sched.add(s)
+    ticks = itertools.count()
+    sched.clock = lambda: next(ticks) * 0.5  # time passes, so jobs starve and get promoted
+    plans, finished = run_to_completion(sched)
+    assert finished == wanted
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
+    assert sched.num_preemptions > 0 and sched.mlfq.num_promotions > 0
+    assert (sum(len(p.swap_out) for p in plans) > 0) == bool(host_blocks)
