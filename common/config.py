@@ -161,6 +161,8 @@ class TransferConfig:
     # fail (the request ends with an error event).
     failure_policy: str = "recompute"
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    port: int = 0  # KV endpoint port (0 = any free port)
+    advertise_host: str | None = None  # address peers use (e.g. the pod IP); None = bind host
 
     def __post_init__(self) -> None:
         _require(self.granularity in ("request", "chunk"),
@@ -187,6 +189,14 @@ class InstanceConfig:
     store_url: str | None = None
     store_prefix: str = "splitserve"
     heartbeat_ttl_s: float = 2.0  # an instance silent this long is removed from the registry
+    inbox_port: int = 0  # 0 = any free port
+    advertise_host: str | None = None  # the address others reach this instance at (pod IP)
+    metrics_port: int = 0  # HTTP /health, /ready, /metrics; 0 = off
+    # The coupled role (co-located baselines): policy, host swap tier, policy knobs.
+    coupled_policy: str = "sarathi"
+    coupled_swap_blocks: int | None = None  # None = the policy's default
+    coupled_swap_bandwidth: float | None = None  # bytes/s; None = memcpy speed
+    coupled_options: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         _require(self.report_interval_s > 0, "report interval must be > 0")
@@ -209,6 +219,8 @@ class GatewayConfig:
     store_url: str | None = None  # redis://... shared by gateway replicas; None = in-process
     store_prefix: str = "splitserve"
     gateway_id: str = ""  # unique per replica; "" = generated
+    advertise_host: str | None = None  # the address instances reply to (pod IP); None = host
+    graceful_shutdown_s: float = 30.0  # finish in-flight streams this long on SIGTERM
     max_recoveries: int = 2  # times a request is run again after its instance failed
     flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
     flip_options: tuple[tuple[str, float], ...] = ()  # policy/watcher knobs, e.g. cooldown_s

@@ -25,6 +25,14 @@ def bind_address(host: str, port: int = 0) -> str:
     return f"tcp://{host}:{port}" if port else f"tcp://{host}:*"
 
 
+def advertised(endpoint: str, advertise_host: str | None) -> str:
+    """`tcp://0.0.0.0:PORT` as peers must dial it: `tcp://ADVERTISE_HOST:PORT`."""
+    if not advertise_host:
+        return endpoint
+    port = endpoint.rsplit(":", 1)[1]
+    return f"tcp://{advertise_host}:{port}"
+
+
 def _configure(sock: zmq.Socket) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, SEND_HWM)
@@ -42,11 +50,12 @@ def _decode_or_log(data: bytes) -> Message | None:
 class Inbox:
     """A bound PULL socket; `receive` drains what has arrived."""
 
-    def __init__(self, ctx: zmq.Context, host: str, port: int = 0) -> None:
+    def __init__(self, ctx: zmq.Context, host: str, port: int = 0,
+                 advertise_host: str | None = None) -> None:
         self.sock = ctx.socket(zmq.PULL)
         _configure(self.sock)
         self.sock.bind(bind_address(host, port))
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = advertised(self.sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 
     def receive(self, timeout_s: float) -> list[Message]:
         """Wait up to `timeout_s` for a first message, then take every queued one."""
@@ -103,11 +112,12 @@ class Outbox:
 class AsyncInbox:
     """The asyncio flavour of `Inbox`, for the gateway's event loop."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, host: str, port: int = 0) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, host: str, port: int = 0,
+                 advertise_host: str | None = None) -> None:
         self.sock = ctx.socket(zmq.PULL)
         _configure(self.sock)
         self.sock.bind(bind_address(host, port))
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = advertised(self.sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 
     async def receive(self) -> Message | None:
         return _decode_or_log(await self.sock.recv())

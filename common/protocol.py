@@ -141,6 +141,7 @@ class InstanceStats(Message):
     draining: bool = False  # flipping: route no new work here
     num_heavy_decodes: int = 0  # running decodes predicted heavy (output > 128 tokens)
     num_light_decodes: int = 0
+    metrics_url: str = ""  # http://host:port of /health, /ready, /metrics; "" = not served
 
 
 class TokenUpdate(msgspec.Struct, omit_defaults=True):

@@ -16,7 +16,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from common.errors import InvalidRequestError
@@ -154,23 +155,28 @@ def create_app(gateway: Gateway, aliases: set[str] | None = None, manage_gateway
 
     app = FastAPI(title="splitserve gateway", lifespan=lifespan)
     api = Api(gateway, aliases or set())
-    _add_error_handlers(app)
+    _add_error_handlers(app, gateway)
     _add_routes(app, api, gateway)
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, gateway: Gateway) -> None:
+    rejected = gateway.metrics.requests.labels(status="rejected")
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request, exc: RequestValidationError):
+        rejected.inc()
         message, param = _validation_message(exc)
         return _error(400, message, "invalid_request_error", param)
 
     @app.exception_handler(InvalidRequestError)
     async def _bad(_request, exc: InvalidRequestError):
+        rejected.inc()
         return _error(400, str(exc), "invalid_request_error")
 
     @app.exception_handler(NoInstanceError)
     async def _unavailable(_request, exc: NoInstanceError):
+        rejected.inc()
         response = _error(503, str(exc), "service_unavailable")
         response.headers["Retry-After"] = "1"
         return response
@@ -190,6 +196,14 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
         return {"object": "list", "data": [{
             "id": gateway.served_name, "object": "model", "created": 0, "owned_by": "splitserve",
             "max_model_len": gateway.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        counts: dict[str, int] = {}
+        for state in gateway.registry.instances.values():
+            if gateway.registry.is_ready(state):
+                counts[state.stats.role] = counts.get(state.stats.role, 0) + 1
+        return Response(gateway.metrics.exposition(counts), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health():

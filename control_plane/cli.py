@@ -136,6 +136,15 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lease-timeout", type=float, default=30.0)
     group.add_argument("--heartbeat-ttl", type=float, default=2.0,
                        help="an instance silent this long is removed (with --redis)")
+    coupled = parser.add_argument_group("coupled role (co-located baselines)")
+    coupled.add_argument("--policy", default="sarathi",
+                         help="vllm, orca, sarathi, chunked-only, hybrid-only, fastserve")
+    coupled.add_argument("--swap-blocks", type=int, default=None,
+                         help="host KV blocks for swapping (default: the policy's choice)")
+    coupled.add_argument("--swap-bandwidth", type=float, default=None,
+                         help="emulated host-swap bandwidth in bytes/s")
+    coupled.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="policy knob, e.g. num_queues=8 (repeatable)")
 
 
 def instance_config(args: argparse.Namespace) -> InstanceConfig:
@@ -144,13 +153,18 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
         host=args.host, gateways=tuple(args.gateway or ()),
         report_interval_s=args.report_interval, store_url=args.redis,
         store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
+        inbox_port=args.inbox_port, advertise_host=args.advertise_host,
+        metrics_port=args.metrics_port, coupled_policy=_known_policy(args.policy),
+        coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
+        coupled_options=_key_values(args.policy_option, "--policy-option"),
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout),
         transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout,
                                 granularity=args.transfer_granularity,
                                 failure_policy=args.transfer_failure_policy,
-                                emulation=emulation_config(args)))
+                                emulation=emulation_config(args), port=args.kv_port,
+                                advertise_host=args.advertise_host))
 
 
 def emulation_config(args: argparse.Namespace) -> EmulationConfig:
@@ -179,6 +193,12 @@ def _add_instance(sub) -> None:
                    help="a gateway inbox (tcp://host:port) to report to (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind the inbox and KV to")
     p.add_argument("--instance-id", default=None)
+    p.add_argument("--advertise-host", default=None,
+                   help="address peers use to reach this instance (e.g. the pod IP)")
+    p.add_argument("--inbox-port", type=int, default=0, help="message inbox (0 = any)")
+    p.add_argument("--kv-port", type=int, default=0, help="KV transfer endpoint (0 = any)")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="HTTP /health, /ready and /metrics (0 = off)")
     add_store_args(p)
     add_instance_args(p)
     add_engine_args(p)
@@ -210,17 +230,27 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                        help="times a request runs again after its instance failed")
     group.add_argument("--instance-timeout", type=float, default=2.0,
                        help="an instance silent this long is declared dead")
+    group.add_argument("--graceful-shutdown", type=float, default=30.0,
+                       help="seconds to finish in-flight streams on SIGTERM")
 
 
-def _flip_options(pairs: list[str]) -> tuple[tuple[str, float], ...]:
+def _key_values(pairs: list[str], flag: str) -> tuple[tuple[str, float], ...]:
     options = []
     for pair in pairs:
         key, _, value = pair.partition("=")
         try:
             options.append((key.strip(), float(value)))
         except ValueError:
-            raise ConfigError(f"--flip-option expects KEY=NUMBER, got {pair!r}") from None
+            raise ConfigError(f"{flag} expects KEY=NUMBER, got {pair!r}") from None
     return tuple(options)
+
+
+def _known_policy(name: str) -> str:
+    from common.schedulers.coupled import COUPLED_POLICIES
+
+    if name not in COUPLED_POLICIES:
+        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(COUPLED_POLICIES.names())}")
+    return name
 
 
 def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
@@ -230,7 +260,9 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          token_timeout_s=args.token_timeout, store_url=args.redis,
                          store_prefix=args.store_prefix, gateway_id=args.gateway_id,
                          flip_policy=args.flip_policy,
-                         flip_options=_flip_options(args.flip_option),
+                         flip_options=_key_values(args.flip_option, "--flip-option"),
+                         advertise_host=getattr(args, "advertise_host", None),
+                         graceful_shutdown_s=args.graceful_shutdown,
                          max_recoveries=args.max_recoveries,
                          instance_timeout_s=args.instance_timeout)
 
@@ -250,6 +282,8 @@ def _add_gateway(sub) -> None:
     add_gateway_args(p)
     p.add_argument("--inbox-port", type=int, default=8001,
                    help="port instances send reports and tokens to")
+    p.add_argument("--advertise-host", default=None,
+                   help="address instances reply to (e.g. the pod IP)")
     p.add_argument("--model", default=None, help="model path (tokenizer and served name)")
     p.add_argument("--cache-dir", default=os.environ.get(CACHE_ENV, "~/.cache/splitserve"))
     add_store_args(p)
@@ -264,12 +298,15 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "transfer", "transfer_timeout", "report_interval", "prefill_policy",
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
                  "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
-                 "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token"):
+                 "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
+                 "swap_blocks", "swap_bandwidth"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]
     if args.pad_chunks:
         forwarded.append("--pad-chunks")
+    for pair in args.policy_option:
+        forwarded += ["--policy-option", pair]
     forwarded += ["--threads", str(args.threads_per_instance)]
     return forwarded
 
@@ -280,8 +317,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     from control_plane.launcher import free_port, run_up
 
     config = gateway_config(args, free_port(args.host))
-    run_up(config, args.prefill, args.decode, _instance_passthrough(args),
-           Path(args.log_dir) if args.log_dir else None)
+    _known_policy(args.policy)
+    run_up(config, {"prefill": args.prefill, "decode": args.decode, "coupled": args.coupled},
+           _instance_passthrough(args), Path(args.log_dir) if args.log_dir else None)
     return 0
 
 
@@ -290,6 +328,9 @@ def _add_up(sub) -> None:
     add_gateway_args(p)
     p.add_argument("--prefill", type=int, default=1, help="prefill instances")
     p.add_argument("--decode", type=int, default=1, help="decode instances")
+    p.add_argument("--coupled", type=int, default=0,
+                   help="coupled instances (co-located policy, see --policy); use with "
+                        "--prefill 0 --decode 0 for a co-located cluster")
     p.add_argument("--threads-per-instance", type=int, default=1)
     p.add_argument("--log-dir", default=None, help="write each instance's log here")
     add_store_args(p)

@@ -95,10 +95,19 @@ class InstanceRegistry:
         return [s for s in self.ready(role) if not s.draining]
 
     def is_serving(self) -> bool:
-        return bool(self.routable("prefill")) and bool(self.routable("decode"))
+        """A prefill and a decode instance, or a coupled one (serves requests end to end)."""
+        return (bool(self.routable("prefill")) and bool(self.routable("decode"))) or \
+            bool(self.routable("coupled"))
+
+    def entry_points(self) -> list[InstanceState]:
+        """Where new requests go: prefill instances with a decode pool, and coupled ones."""
+        entries = self.routable("coupled")
+        if self.routable("decode"):
+            entries += self.routable("prefill")
+        return entries
 
     def least_loaded_prefill(self, exclude: set[str] = frozenset()) -> InstanceState | None:
-        candidates = [s for s in self.routable("prefill") if s.stats.instance_id not in exclude]
+        candidates = [s for s in self.entry_points() if s.stats.instance_id not in exclude]
         if not candidates:
             return None
         return min(candidates, key=lambda s: (s.stats.num_queued_tokens + s.sent_tokens_since_report,
@@ -128,6 +137,7 @@ class InstanceRegistry:
                 "draining": state.draining, "flip_target": state.flip_target or None,
                 "decodes": {"heavy": s.num_heavy_decodes, "light": s.num_light_decodes},
                 "inbox": s.inbox, "kv_endpoint": s.kv_endpoint, "pid": s.pid, "model": s.model,
+                "metrics_url": s.metrics_url or None,
                 "queue": {"waiting": s.num_waiting, "running": s.num_running,
                           "transferring": s.num_transferring,
                           "queued_tokens": s.num_queued_tokens},

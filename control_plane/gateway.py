@@ -37,6 +37,7 @@ from common.sampling_params import SamplingParams
 from common.store import ControlStore, open_store
 from common.tokenizer import TextTokenizer
 from control_plane.cluster import InstanceRegistry
+from control_plane.metrics import GatewayMetrics
 from control_plane.monitor import ClusterMonitor
 from control_plane.request_table import Phase, RequestRecord, RequestTable
 from control_plane.transition import make_watcher
@@ -70,6 +71,7 @@ class RequestHandle:
     decode_instance: str = ""
     output_token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
+    last_token_time: float | None = None
     recoveries: int = 0
     finished: bool = False
     stopped_by_string: bool = False  # instances may still be generating: abort them on close
@@ -90,6 +92,7 @@ class Gateway:
         self.registry = InstanceRegistry(config.instance_timeout_s)
         self.table = RequestTable(self.store)
         self.handles: dict[str, RequestHandle] = {}  # attempt id -> handle
+        self.metrics = GatewayMetrics()
         self._tasks: list[asyncio.Task] = []
         self.inbox_address = ""
         self.monitor: ClusterMonitor | None = None
@@ -98,7 +101,8 @@ class Gateway:
     async def start(self) -> None:
         self._actx = zmq.asyncio.Context()
         self._ctx = zmq.Context()
-        self.inbox = AsyncInbox(self._actx, self.config.host, self.config.inbox_port)
+        self.inbox = AsyncInbox(self._actx, self.config.host, self.config.inbox_port,
+                                self.config.advertise_host)
         self.inbox_address = self.inbox.address
         self.outbox = Outbox(self._ctx)
         self.monitor = ClusterMonitor(self.registry, self.store, self.outbox, self.gateway_id,
@@ -106,6 +110,8 @@ class Gateway:
                                       make_watcher(self.config.flip_policy,
                                                    **dict(self.config.flip_options)),
                                       self._on_instances_removed)
+        self.monitor.on_flip = lambda r: self.metrics.flips.labels(
+            direction=f"{r.from_role}_to_{r.to_role}").inc()
         self._tasks = [asyncio.create_task(self._receive_loop(), name="gateway-receive"),
                        asyncio.create_task(self.monitor.run(), name="gateway-monitor"),
                        asyncio.create_task(self._sweep_loop(), name="gateway-sweep")]
@@ -226,12 +232,25 @@ class Gateway:
                            len(handle.output_token_ids))
 
     def _note_tokens(self, handle: RequestHandle, token_ids: list[int]) -> None:
-        if token_ids and handle.first_token_time is None:
-            handle.first_token_time = time.monotonic()
+        if not token_ids:
+            return
+        now = time.monotonic()
+        if handle.first_token_time is None:
+            handle.first_token_time = now
             self.table.advance(handle.request_id, Phase.PREFILLED)
+            ttft = now - handle.submitted_at
+            self.metrics.ttft.observe(ttft)
             if self.monitor is not None:
-                self.monitor.recent_ttfts.append(handle.first_token_time - handle.submitted_at)
+                self.monitor.recent_ttfts.append(ttft)
+        else:
+            self.metrics.tbt.observe(now - handle.last_token_time)
+        handle.last_token_time = now
         handle.output_token_ids.extend(token_ids)
+
+    def _count(self, handle: RequestHandle, status: str) -> None:
+        jct = (handle.last_token_time - handle.submitted_at) if handle.last_token_time else None
+        self.metrics.finished(status, handle.num_prompt_tokens, len(handle.output_token_ids),
+                              jct if status == "ok" else None)
 
     # -- failures --------------------------------------------------------------------------------
     def _on_instances_removed(self, instance_ids: list[str]) -> None:
@@ -263,9 +282,11 @@ class Gateway:
         handle.finished = True
         if error is None and finish not in (None, "abort"):
             self.table.advance(handle.request_id, Phase.FINISHED)
+            self._count(handle, "ok")
         else:
             self._abort_instances(handle, error or "aborted")
             self.table.advance(handle.request_id, Phase.FAILED)
+            self._count(handle, "error")
         return StreamEvent(text, finish or ("error" if error else None), error,
                            handle.num_prompt_tokens, len(handle.output_token_ids))
 
@@ -277,6 +298,7 @@ class Gateway:
             handle.finished = True
             self._abort_instances(handle, "client disconnected")
             self.table.advance(handle.request_id, Phase.ABORTED)
+            self._count(handle, "aborted")
         elif handle.stopped_by_string:
             self._abort_instances(handle, "stop string")
 

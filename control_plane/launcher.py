@@ -21,7 +21,7 @@ from pathlib import Path
 
 import uvicorn
 
-from common.config import GatewayConfig
+from common.config import ConfigError, GatewayConfig
 from common.model_files import resolve_model
 from common.tokenizer import TextTokenizer
 from control_plane.app import create_app
@@ -53,7 +53,7 @@ def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None) -> None:
     app = create_app(gateway, aliases)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=config.graceful_shutdown_s))
     if on_ready is not None:
         threading.Thread(target=_announce, args=(server, gateway, on_ready), daemon=True).start()
     server.run()
@@ -81,7 +81,8 @@ class InstanceProcess:
 def spawn_instance(role: str, index: int, instance_args: list[str], gateway_inbox: str,
                    log_dir: Path | None) -> InstanceProcess:
     command = [sys.executable, "-m", "control_plane.cli", "instance", "--role", role,
-               "--instance-id", f"{role}-{index}", "--gateway", gateway_inbox, *instance_args]
+               "--instance-id", f"{role}-{index}", "--gateway", gateway_inbox,
+               "--metrics-port", str(free_port("127.0.0.1")), *instance_args]
     output = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -104,17 +105,18 @@ def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> No
             inst.process.wait()
 
 
-def run_up(config: GatewayConfig, num_prefill: int, num_decode: int, instance_args: list[str],
+def run_up(config: GatewayConfig, counts: dict[str, int], instance_args: list[str],
            log_dir: Path | None = None) -> None:
+    """Serve the gateway here with `counts` instances per role (prefill, decode, coupled)."""
+    if not (counts.get("coupled") or (counts.get("prefill") and counts.get("decode"))):
+        raise ConfigError("need at least one prefill and one decode instance, or a coupled one")
     gateway, aliases = build_gateway(config)  # resolves (and converts) the model once
     inbox = f"tcp://{config.host}:{config.inbox_port}"
-    instances = [spawn_instance("prefill", i, instance_args, inbox, log_dir)
-                 for i in range(num_prefill)]
-    instances += [spawn_instance("decode", i, instance_args, inbox, log_dir)
-                  for i in range(num_decode)]
-    print(f"splitserve: starting {num_prefill} prefill + {num_decode} decode instances "
-          f"(model {gateway.served_name}); gateway at http://{config.host}:{config.port}",
-          flush=True)
+    instances = [spawn_instance(role, i, instance_args, inbox, log_dir)
+                 for role, count in counts.items() for i in range(count)]
+    summary = " + ".join(f"{n} {role}" for role, n in counts.items() if n)
+    print(f"splitserve: starting {summary} instances (model {gateway.served_name}); gateway at "
+          f"http://{config.host}:{config.port}", flush=True)
     try:
         serve_gateway(gateway, aliases,
                       on_ready=lambda url: print(f"splitserve: ready at {url} "

@@ -50,6 +50,7 @@ class ClusterMonitor:
         self.recent_ttfts: deque[float] = deque(maxlen=50)
         self.timeline: deque[dict] = deque(maxlen=20_000)  # roles and queues over time
         self._flip_reports = store.subscribe(FLIP_REPORT_CHANNEL) if self.uses_store else None
+        self.on_flip: Callable[[FlipReport], None] | None = None
 
     async def run(self) -> None:
         while True:
@@ -128,6 +129,8 @@ class ClusterMonitor:
         return flip_id
 
     def on_flip_report(self, report: FlipReport) -> None:
+        if self.on_flip is not None:
+            self.on_flip(report)
         try:
             self.store.record_flip({"flip_id": report.flip_id, "instance_id": report.instance_id,
                                     "from_role": report.from_role, "to_role": report.to_role,

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from common.registry import Registry
 from kv_transfer.base import KVTransferBackend, ReadJob, TransferJob, TransferResult
+from kv_transfer.cuda_ipc import CudaIpcBackend  # imports torch only; CUDA is checked when built
 from kv_transfer.shm import SharedMemoryBackend
 from kv_transfer.tcp import TcpBackend
+from kv_transfer.ucx import UcxBackend  # ucx-py/ucxx are imported when the backend is built
 
 BACKENDS: Registry[type[KVTransferBackend]] = Registry("KV transfer backend")
 BACKENDS.register("tcp")(TcpBackend)
 BACKENDS.register("shm")(SharedMemoryBackend)
+BACKENDS.register("ucx")(UcxBackend)
+BACKENDS.register("cuda_ipc")(CudaIpcBackend)
 
 __all__ = ["BACKENDS", "KVTransferBackend", "ReadJob", "TransferJob", "TransferResult",
            "make_backend"]

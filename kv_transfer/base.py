@@ -101,6 +101,7 @@ class KVTransferBackend(ABC):
         self.config = config
         self.emulation: EmulationConfig = config.emulation  # replaceable while running
         self.stats = TransferStats()
+        self.on_result = None  # optional callable(TransferResult), called on the worker thread
         self._jobs: queue.Queue[TransferJob | None] = queue.Queue()
         self._results: queue.Queue[TransferResult] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -174,6 +175,8 @@ class KVTransferBackend(ABC):
             time.sleep(remaining)
 
     def _account(self, result: TransferResult) -> None:
+        if self.on_result is not None:
+            self.on_result(result)
         self.stats.num_transfers += 1
         if result.ok:
             self.stats.num_bytes += result.num_bytes

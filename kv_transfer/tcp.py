@@ -17,6 +17,7 @@ import msgspec
 import torch
 import zmq
 
+from common.messaging import advertised, bind_address
 from kv_transfer.base import KVTransferBackend, TransferError, TransferJob
 
 PREFIX = "tcp://"
@@ -43,8 +44,9 @@ class TcpBackend(KVTransferBackend):
         self._ctx = zmq.Context.instance()
         self._server = self._ctx.socket(zmq.ROUTER)
         self._server.setsockopt(zmq.LINGER, 0)
-        self._server.bind(f"tcp://{host}:*")
-        self._endpoint = self._server.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._server.bind(bind_address(host, config.port))
+        self._endpoint = advertised(self._server.getsockopt_string(zmq.LAST_ENDPOINT),
+                                    config.advertise_host)
         self._stop = threading.Event()
         self._server_thread = threading.Thread(target=self._serve, name="kv-tcp-server",
                                                daemon=True)

@@ -127,6 +127,7 @@ class PrefillRole(Role):
     # -- background work -----------------------------------------------------------------------
     def poll(self) -> None:
         for lease in self.handoffs.expired():
+            self.ctx.count("leases_expired")
             self.handoffs.forward_abort(lease.seq.seq_id, "lease expired")
             self._drop(lease.seq.seq_id)
             self._fail(lease.seq, f"KV transfer to {lease.decode.instance_id} timed out",

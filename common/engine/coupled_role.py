@@ -48,11 +48,9 @@ class CoupledSettings:
 
     @classmethod
     def from_config(cls, config) -> "CoupledSettings":
-        # NOTE: getattr with defaults until InstanceConfig has these fields (see docs/coupled.md).
-        return cls(policy=getattr(config, "coupled_policy", "sarathi"),
-                   swap_blocks=getattr(config, "coupled_swap_blocks", None),
-                   swap_bandwidth_bytes_per_s=getattr(config, "coupled_swap_bandwidth", None),
-                   policy_options=dict(getattr(config, "coupled_options", ()) or ()))
+        return cls(policy=config.coupled_policy, swap_blocks=config.coupled_swap_blocks,
+                   swap_bandwidth_bytes_per_s=config.coupled_swap_bandwidth,
+                   policy_options=dict(config.coupled_options))
 
     def num_host_blocks(self, num_device_blocks: int) -> int:
         if self.swap_blocks is not None:

@@ -1,13 +1,17 @@
 """Loads the engine's C++ CPU kernels (csrc/cpu_ops.cpp), compiling them on first use.
 
-The build goes to the cache directory, keyed by the source's hash and the torch version, so it
-happens once per machine (about a minute on 2 cores) and concurrent processes wait for one
-build. Without a compiler the engine runs on torch ops alone, slower, after one warning line.
+The build goes to the cache directory under a key made of the source, the flags, the torch
+version and this CPU's instruction-set flags (the code is compiled with -march=native, so a
+build from another CPU generation must not be reused). A finished build is imported directly,
+without ninja or a compiler; only a missing build is compiled (about 30 seconds on 2 cores, once
+per machine; concurrent processes wait for one build). Without a compiler the engine runs on
+torch ops alone, slower, after one warning line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -16,28 +20,51 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
-
-
+MODULE_NAME = "splitserve_cpu_ops"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 
 
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
 def build_dir(cache_dir: Path) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:12]
+    key = SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_flags().encode()
+    digest = hashlib.sha256(key).hexdigest()[:12]
     return cache_dir / "kernels" / f"torch{torch.__version__.replace('+', '_')}-{digest}"
+
+
+def _import_built(directory: Path):
+    """Import a finished build directly (no ninja run), or None if there is none."""
+    built = directory / f"{MODULE_NAME}.so"
+    if not built.exists() or (directory / "lock").exists():
+        return None  # none yet, or another process is still building (its baton is "lock")
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @lru_cache(maxsize=None)
 def load(cache_dir: str):
     """The compiled module, or None when it cannot be built here."""
-    from torch.utils import cpp_extension
-
     directory = build_dir(Path(cache_dir).expanduser())
-    directory.mkdir(parents=True, exist_ok=True)
     try:
+        module = _import_built(directory)
+        if module is not None:
+            return module
+        from torch.utils import cpp_extension
+
+        directory.mkdir(parents=True, exist_ok=True)
         return cpp_extension.load(
-            name="splitserve_cpu_ops", sources=[str(SOURCE)], build_directory=str(directory),
-            extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"],
-            verbose=False)
+            name=MODULE_NAME, sources=[str(SOURCE)], build_directory=str(directory),
+            extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, headers missing: run without kernels
         log.warning("CPU kernels unavailable (%s); using torch ops", str(exc).splitlines()[0])
         return None

@@ -36,6 +36,7 @@ from common.engine.model_runner import ModelRunner
 from common.messaging import Inbox, Outbox
 from common.plan import BatchPlan, ModelOutput
 from common.engine.control_link import make_link
+from common.engine.metrics import InstanceMetrics, serve_http
 from common.protocol import (FlipCommand, FlipReport, InstanceStats, Message, Shutdown,
                              TokenBatch, TokenUpdate)
 
@@ -54,7 +55,13 @@ class RoleContext:
     transfer: object  # kv_transfer.KVTransferBackend
     outbox: Outbox
     inbox_address: str
+    metrics: InstanceMetrics | None = None
     pending_tokens: dict[str, list[TokenUpdate]] = field(default_factory=lambda: defaultdict(list))
+
+    def count(self, name: str, amount: float = 1.0, **labels) -> None:
+        """Bump an instance counter (e.g. leases_expired); a no-op without metrics."""
+        if self.metrics is not None:
+            self.metrics.count(name, amount, **labels)
 
     def send(self, address: str, message: Message) -> bool:
         return self.outbox.send(address, message)
@@ -146,12 +153,18 @@ class InstanceWorker:
         self.runner = ModelRunner(config.engine)
         layout = self.runner.kv_layout
         self.zmq = zmq.Context()
-        self.inbox = Inbox(self.zmq, config.host)
+        self.inbox = Inbox(self.zmq, config.host, config.inbox_port, config.advertise_host)
         self.outbox = Outbox(self.zmq)
         self.transfer = backend_cls(self.runner.kv_cache, config.host, config.transfer)
+        self.metrics = InstanceMetrics(self.instance_id)
+        self.transfer.on_result = self.metrics.observe_transfer
         self.ctx = RoleContext(self.instance_id, config, self.runner,
                                KVCacheManager(layout.num_blocks, layout.block_size),
-                               self.transfer, self.outbox, self.inbox.address)
+                               self.transfer, self.outbox, self.inbox.address, self.metrics)
+        self.http = (serve_http(self.metrics, config.host, config.metrics_port)
+                     if config.metrics_port else None)
+        self._metrics_url = (f"http://{config.advertise_host or config.host}:"
+                             f"{config.metrics_port}" if config.metrics_port else "")
         self.role_classes = preload_roles()
         self.role = load_role(config.role, self.ctx)
         self.link = make_link(config, self.outbox)
@@ -191,7 +204,9 @@ class InstanceWorker:
         if not plan.is_empty:
             output = self.runner.execute(plan)
             self.busy_seconds += output.forward_seconds
+            self.metrics.count("busy_seconds", output.forward_seconds)
             self.role.update_from_output(plan, output)
+        self.metrics.last_turn = time.monotonic()
         self._flush_tokens()
         if time.monotonic() >= self._next_report:
             self._report()
@@ -230,7 +245,10 @@ class InstanceWorker:
         self._next_report = time.monotonic() + self.config.report_interval_s
         if not self.role.has_work:
             self.check_integrity()
-        self.link.report(self.stats())
+        stats = self.stats()
+        self.metrics.update(stats.role, self.role.load(), stats.num_free_blocks,
+                            stats.num_total_blocks)
+        self.link.report(stats)
 
     def check_integrity(self) -> bool:
         try:
@@ -238,6 +256,7 @@ class InstanceWorker:
             return True
         except Exception as exc:  # a bookkeeping bug must be visible, not fatal
             self.integrity_violations += 1
+            self.metrics.count("violations")
             log.error("KV integrity violation: %s", exc)
             return False
 
@@ -248,9 +267,12 @@ class InstanceWorker:
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
             timestamp=time.time(), pid=os.getpid(), draining=self._pending_flip is not None,
+            metrics_url=self._metrics_url,
             **self.role.load())
 
     def close(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
         self.link.close()
         self.transfer.close()
         self.inbox.close()

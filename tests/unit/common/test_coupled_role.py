@@ -31,9 +31,11 @@ class FakeOutbox:
 
 
 def make_role(policy="vllm", num_blocks=32, block_size=4, **settings):
+    fields = {"coupled_swap_blocks": None, "coupled_swap_bandwidth": None,
+              "coupled_options": (), **settings}
     config = SimpleNamespace(engine=EngineConfig(batch=BatchConfig(max_num_seqs=4,
                                                                    max_num_batched_tokens=16)),
-                             coupled_policy=policy, **settings)
+                             coupled_policy=policy, **fields)
     runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
                              kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
     ctx = RoleContext("coupled-0", config, runner, KVCacheManager(num_blocks, block_size),
@@ -132,4 +134,6 @@ def test_policy_options_reach_the_policy_and_bad_names_fail():
         make_role("fastserve", coupled_options=(("quantum", 1.0),))
     with pytest.raises(KeyError, match="known: chunked-only"):
         make_role("nope")
-    assert CoupledSettings.from_config(SimpleNamespace()).policy == "sarathi"
+    from common.config import InstanceConfig
+
+    assert CoupledSettings.from_config(InstanceConfig()).policy == "sarathi"

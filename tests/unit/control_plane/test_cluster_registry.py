@@ -105,6 +105,7 @@ def test_least_loaded_prefill_by_queued_tokens(registry):
 
 
 def test_least_loaded_counts_tokens_sent_since_the_last_report(registry):
+    registry.report(stats("d0", role="decode"))  # prefill is routable only with a decode
     registry.report(stats("p0", queued=100))
     registry.report(stats("p1", queued=150))
     p0 = registry.least_loaded_prefill()
@@ -120,6 +121,7 @@ def test_least_loaded_counts_tokens_sent_since_the_last_report(registry):
 
 
 def test_report_resets_sent_counters(registry):
+    registry.report(stats("d0", role="decode"))  # prefill is routable only with a decode
     registry.report(stats("p0", queued=0))
     registry.report(stats("p1", queued=50))
     p0 = registry.get("p0")
@@ -131,6 +133,7 @@ def test_report_resets_sent_counters(registry):
 
 
 def test_least_loaded_ties_broken_by_waiting_then_id(registry):
+    registry.report(stats("d0", role="decode"))  # prefill is routable only with a decode
     registry.report(stats("p1", queued=10, waiting=1))
     registry.report(stats("p0", queued=10, waiting=1))
     registry.report(stats("p2", queued=10, waiting=0))
@@ -143,6 +146,7 @@ def test_least_loaded_skips_instances_that_are_not_ready(registry, clock):
     registry.report(stats("idle", queued=0))
     clock.advance(0.3)
     registry.report(stats("busy", queued=1000))
+    registry.report(stats("d0", role="decode"))
     clock.advance(0.3)  # "idle" last reported 0.6 s ago
     assert registry.least_loaded_prefill().stats.instance_id == "busy"
 
@@ -172,7 +176,7 @@ def test_describe_fields(registry, clock):
     assert p1 == {
         "instance_id": "p1", "role": "prefill", "ready": True, "draining": False,
         "flip_target": None, "decodes": {"heavy": 0, "light": 0}, "inbox": "tcp://p1:1",
-        "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model",
+        "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model", "metrics_url": None,
         "queue": {"waiting": 3, "running": 2, "transferring": 4, "queued_tokens": 42},
         "kv_blocks": {"total": 100, "free": 30, "used": 70},
         "busy_seconds": 1.235, "seconds_since_report": 0.25}
@@ -198,3 +202,11 @@ def test_sync_expire_and_flipping(registry, clock):
     assert registry.expire() == []
     clock.advance(5.0)
     assert sorted(registry.expire()) == ["d0", "p0"]
+
+
+def test_coupled_instances_serve_alone_and_prefill_needs_a_decode(registry):
+    registry.report(stats("p0"))
+    assert registry.least_loaded_prefill() is None and not registry.is_serving()
+    registry.report(stats("c0", role="coupled"))
+    assert registry.is_serving()
+    assert registry.least_loaded_prefill().stats.instance_id == "c0"
