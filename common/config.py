@@ -163,6 +163,9 @@ class TransferConfig:
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     port: int = 0  # KV endpoint port (0 = any free port)
     advertise_host: str | None = None  # address peers use (e.g. the pod IP); None = bind host
+    # Fault injection for tests: "stall" = reads into this instance never complete (they fail
+    # at their deadline); "" = none.
+    fault: str = ""
 
     def __post_init__(self) -> None:
         _require(self.granularity in ("request", "chunk"),
@@ -170,6 +173,7 @@ class TransferConfig:
         _require(self.failure_policy in ("recompute", "fail"),
                  f"failure policy must be recompute or fail, got {self.failure_policy!r}")
         _require(self.timeout_s > 0, "transfer timeout must be > 0")
+        _require(self.fault in ("", "stall"), f"unknown transfer fault {self.fault!r}")
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,8 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="pace KV delivery: bytes/s (e.g. 1.25e9 = 10 Gbps) or a preset: "
                             "roce-200g, nvlink-300g")
     group.add_argument("--emulate-latency", type=float, default=0.0, help="seconds per transfer")
+    group.add_argument("--transfer-fault", default="", choices=["", "stall"],
+                       help=argparse.SUPPRESS)  # fault injection for tests
     group.add_argument("--emulate-bytes-per-token", type=int, default=0,
                        help="count this many bytes per token (OPT-13B: 819200); 0 = real bytes")
     group.add_argument("--report-interval", type=float, default=0.1,
@@ -164,6 +166,7 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
                                 granularity=args.transfer_granularity,
                                 failure_policy=args.transfer_failure_policy,
                                 emulation=emulation_config(args), port=args.kv_port,
+                                fault=args.transfer_fault,
                                 advertise_host=args.advertise_host))
 
 
@@ -299,7 +302,7 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
                  "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
                  "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
-                 "swap_blocks", "swap_bandwidth"):
+                 "swap_blocks", "swap_bandwidth", "transfer_fault"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]

@@ -108,8 +108,9 @@ class ClusterMonitor:
             except StoreUnavailable:
                 pass
             return
-        for state in self.registry.ready("prefill"):
-            self.outbox.send(state.stats.inbox, view)
+        for state in self.registry.instances.values():  # decodes use the dead list too
+            if self.registry.is_ready(state):
+                self.outbox.send(state.stats.inbox, view)
 
     # -- flips ---------------------------------------------------------------------------------
     def flip(self, instance_id: str, target_role: str) -> str:

@@ -83,6 +83,18 @@ class Receiver:
             self.ctx.transfer.cancel(request_id)
             self._maybe_close(handoff)
 
+    def fail_from(self, instance_id: str) -> None:
+        """The prefill instance `instance_id` died: its offers and transfers cannot complete."""
+        for handoff in [h for h in self.pending if h.offer.source_instance == instance_id]:
+            self.pending.remove(handoff)
+            self.failed.append((handoff.offer, f"prefill instance {instance_id} failed"))
+        for handoff in [h for h in self.active.values()
+                        if h.offer.source_instance == instance_id and not h.complete]:
+            if not handoff.failed:
+                handoff.failed = f"prefill instance {instance_id} failed"
+                self.ctx.transfer.cancel(handoff.offer.request_id)
+            self._maybe_close(handoff)
+
     # -- admission and reads ---------------------------------------------------------------------
     def admit(self) -> None:
         while self.pending:

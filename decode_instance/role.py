@@ -19,8 +19,8 @@ import time
 
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import (AbortRequest, GenerateRequest, KVChunkReady, KVTransferDone,
-                             KVTransferOffer, Message, TokenUpdate)
+from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVChunkReady,
+                             KVTransferDone, KVTransferOffer, Message, TokenUpdate)
 from common.transfer_errors import REJECTED
 from decode_instance.receiver import Receiver
 from decode_instance.scheduler import DecodeScheduler
@@ -49,6 +49,9 @@ class DecodeRole(Role):
             self.receiver.chunk(message)
         elif isinstance(message, AbortRequest):
             self._abort(message.request_id)
+        elif isinstance(message, ClusterView):
+            for dead in message.dead:
+                self.receiver.fail_from(dead)
         elif isinstance(message, GenerateRequest):  # arrived after this instance flipped
             self.ctx.emit(message.reply_to, TokenUpdate(
                 message.request_id, finish_reason="error", error="not a prefill instance",

@@ -157,6 +157,8 @@ class KVTransferBackend(ABC):
         if time.monotonic() > job.deadline:
             return TransferResult(job.request_id, False, "deadline passed before the transfer",
                                   final=job.final)
+        if self.config.fault == "stall":
+            return self._stall(job)
         started = time.perf_counter()
         try:
             num_bytes = self._write(job) if job.write else self._read(job)
@@ -166,6 +168,17 @@ class KVTransferBackend(ABC):
         self._pace(started, num_bytes, job)
         return TransferResult(job.request_id, True, "", num_bytes,
                               time.perf_counter() - started, job.final)
+
+    def _stall(self, job: TransferJob) -> TransferResult:
+        """Injected fault: the transfer never completes; it fails at its deadline (or when
+        cancelled), as a hung peer or link would make it."""
+        while time.monotonic() < job.deadline and job.request_id not in self._cancelled:
+            time.sleep(0.05)
+        return TransferResult(job.request_id, False, "transfer stalled (injected fault)",
+                              final=job.final)
+
+    def cancelled(self, request_id: str) -> bool:
+        return request_id in self._cancelled
 
     def _pace(self, started: float, num_bytes: int, job: TransferJob) -> None:
         emulated = self.emulation.duration(num_bytes, job.num_tokens)

@@ -140,11 +140,16 @@ class TcpBackend(KVTransferBackend):
         return gathered.numel() * gathered.element_size()
 
     def _await_reply(self, sock: zmq.Socket, job: TransferJob) -> list:
+        """The reply to this request; waits in short slices so a cancelled job (its request was
+        aborted, or its peer declared dead) stops waiting at once."""
         while True:
             remaining = job.deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(int(max(remaining, 0) * 1000)):
+            if remaining <= 0 or self.cancelled(job.request_id):
                 self._drop_client(job.endpoint)  # a fresh socket next time, no stale replies
-                raise TimeoutError(f"no reply from {job.endpoint} before the deadline")
+                raise TimeoutError(f"no reply from {job.endpoint} before the deadline"
+                                   if remaining <= 0 else "cancelled while waiting")
+            if not sock.poll(int(min(remaining, _POLL_MS / 1000) * 1000)):
+                continue
             frames = sock.recv_multipart(copy=False)
             if msgspec.msgpack.decode(frames[0].bytes, type=_ReadReply).seq == self._seq:
                 return frames
