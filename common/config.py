@@ -209,6 +209,31 @@ class InstanceConfig:
 
 
 @dataclass(frozen=True)
+class LimitsConfig:
+    """Admission control and input limits at the gateway; 0 means no limit."""
+
+    max_body_bytes: int = 4 * 2**20
+    max_prompt_tokens: int = 0  # 0 = the model's context
+    max_output_tokens: int = 0  # 0 = the model's context
+    max_streams_per_client: int = 0  # concurrent requests per API key (or client address)
+    max_in_flight: int = 0  # requests running at this gateway
+    max_prefill_queue_tokens: int = 0  # prompt tokens queued over all prefill instances
+    max_decode_waiting: int = 0  # sequences waiting for room over all decode instances
+    retry_after_s: int = 1  # the Retry-After of 429 and 503 answers
+    api_keys: tuple[str, ...] = ()  # Authorization: Bearer <key> required when set
+
+    def __post_init__(self) -> None:
+        _require(self.max_body_bytes > 0, "max body size must be > 0")
+        _require(min(self.max_prompt_tokens, self.max_output_tokens, self.max_in_flight,
+                     self.max_streams_per_client, self.max_prefill_queue_tokens,
+                     self.max_decode_waiting) >= 0, "limits must be >= 0 (0 = none)")
+        _require(self.retry_after_s >= 0, "Retry-After must be >= 0")
+
+    def __repr__(self) -> str:  # never print the keys
+        return f"LimitsConfig(..., api_keys=<{len(self.api_keys)} keys>)"
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -225,6 +250,7 @@ class GatewayConfig:
     gateway_id: str = ""  # unique per replica; "" = generated
     advertise_host: str | None = None  # the address instances reply to (pod IP); None = host
     graceful_shutdown_s: float = 30.0  # finish in-flight streams this long on SIGTERM
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     max_recoveries: int = 2  # times a request is run again after its instance failed
     flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
     flip_options: tuple[tuple[str, float], ...] = ()  # policy/watcher knobs, e.g. cooldown_s

@@ -14,7 +14,7 @@ import json
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from common.errors import InvalidRequestError
 from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
+from control_plane.admission import BodyLimit, TooBusyError, UnauthorizedError
 from control_plane.monitor import FlipError
 from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, ResponseBuilder,
                                       check_supported, error_body, usage)
@@ -86,17 +87,33 @@ class Api:
         return prompt_ids, params
 
     async def handle(self, body, chat: bool, request: Request):
+        admission = self.gateway.admission
+        key = admission.authenticate(request.headers.get("authorization"))
+        client = key or (request.client.host if request.client else "?")
         prompt_ids, params = self.prepare(body, chat)
+        admission.check_sizes(len(prompt_ids), params.max_tokens)
+        admission.check_room(client)
         handle = self.gateway.submit(prompt_ids, params)
+        admission.acquire(client)
         builder = ResponseBuilder(chat, self.gateway.served_name)
         if body.stream:
-            options = body.stream_options
-            return StreamingResponse(self._stream(handle, builder, options),
+            return StreamingResponse(self._stream(handle, builder, body.stream_options, client),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await self._complete(handle, builder, request)
+        try:
+            return await self._complete(handle, builder, request)
+        finally:
+            admission.release(client)
 
-    async def _stream(self, handle: RequestHandle, builder: ResponseBuilder, options):
+    async def _stream(self, handle: RequestHandle, builder: ResponseBuilder, options,
+                      client: str):
+        try:
+            async for line in self._stream_lines(handle, builder, options):
+                yield line
+        finally:
+            self.gateway.admission.release(client)
+
+    async def _stream_lines(self, handle: RequestHandle, builder: ResponseBuilder, options):
         include_usage = bool(options and options.include_usage)
         continuous = bool(options and options.continuous_usage_stats)
         last = None
@@ -154,6 +171,7 @@ def create_app(gateway: Gateway, aliases: set[str] | None = None, manage_gateway
             await gateway.stop()
 
     app = FastAPI(title="splitserve gateway", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=gateway.config.limits.max_body_bytes)
     api = Api(gateway, aliases or set())
     _add_error_handlers(app, gateway)
     _add_routes(app, api, gateway)
@@ -174,15 +192,32 @@ def _add_error_handlers(app: FastAPI, gateway: Gateway) -> None:
         rejected.inc()
         return _error(400, str(exc), "invalid_request_error")
 
+    retry_after = str(gateway.config.limits.retry_after_s)
+
     @app.exception_handler(NoInstanceError)
     async def _unavailable(_request, exc: NoInstanceError):
         rejected.inc()
         response = _error(503, str(exc), "service_unavailable")
-        response.headers["Retry-After"] = "1"
+        response.headers["Retry-After"] = retry_after
         return response
+
+    @app.exception_handler(TooBusyError)
+    async def _busy(_request, exc: TooBusyError):
+        rejected.inc()
+        response = _error(429, str(exc), "rate_limit_exceeded")
+        response.headers["Retry-After"] = retry_after
+        return response
+
+    @app.exception_handler(UnauthorizedError)
+    async def _unauthorized(_request, exc: UnauthorizedError):
+        rejected.inc()
+        return _error(401, str(exc), "authentication_error")
 
 
 def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
+    def admin(request: Request) -> None:
+        gateway.admission.authenticate(request.headers.get("authorization"))
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await api.handle(body, False, request)
@@ -191,7 +226,7 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await api.handle(body, True, request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=[Depends(admin)])
     async def models():
         return {"object": "list", "data": [{
             "id": gateway.served_name, "object": "model", "created": 0, "owned_by": "splitserve",
@@ -205,13 +240,18 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
                 counts[state.stats.role] = counts.get(state.stats.role, 0) + 1
         return Response(gateway.metrics.exposition(counts), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/live")
+    async def live():
+        """Liveness: the gateway process serves HTTP (whatever the instances do)."""
+        return {"status": "alive"}
+
     @app.get("/health")
     async def health():
         if gateway.is_serving():
             return {"status": "ok"}
         return _error(503, "waiting for a prefill and a decode instance", "service_unavailable")
 
-    @app.get("/cluster")
+    @app.get("/cluster", dependencies=[Depends(admin)])
     async def cluster():
         monitor = gateway.monitor
         try:
@@ -223,7 +263,7 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
                             "requests_in_flight": len(gateway.handles)},
                 "instances": gateway.registry.describe(), "flips": flips}
 
-    @app.post("/cluster/flip")
+    @app.post("/cluster/flip", dependencies=[Depends(admin)])
     async def flip(body: FlipBody):
         try:
             flip_id = gateway.monitor.flip(body.instance_id, body.role)
@@ -231,6 +271,6 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
             raise InvalidRequestError(str(exc)) from None
         return {"flip_id": flip_id, "instance_id": body.instance_id, "role": body.role}
 
-    @app.get("/cluster/timeline")
+    @app.get("/cluster/timeline", dependencies=[Depends(admin)])
     async def timeline(since: float = 0.0):
         return {"samples": [s for s in list(gateway.monitor.timeline) if s["time"] >= since]}

@@ -14,11 +14,13 @@ import sys
 
 from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError,
                            EmulationConfig, EngineConfig, GatewayConfig, InstanceConfig,
-                           ModelConfig, PrefillConfig, TransferConfig)
+                           LimitsConfig, ModelConfig, PrefillConfig, TransferConfig)
 from common.errors import SplitserveError
 
-# The only environment variable the project reads: where converted weights are cached.
+# The environment variables the project reads, all here: where converted weights are cached,
+# and API keys (kept out of the command line, which `ps` shows).
 CACHE_ENV = "SPLITSERVE_CACHE"
+API_KEY_ENV = "SPLITSERVE_API_KEY"
 
 
 def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 512) -> None:
@@ -235,6 +237,22 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                        help="an instance silent this long is declared dead")
     group.add_argument("--graceful-shutdown", type=float, default=30.0,
                        help="seconds to finish in-flight streams on SIGTERM")
+    limits = parser.add_argument_group("admission control and limits (0 = none)")
+    limits.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
+    limits.add_argument("--max-prompt-tokens", type=int, default=0)
+    limits.add_argument("--max-output-tokens", type=int, default=0)
+    limits.add_argument("--max-streams-per-client", type=int, default=0,
+                        help="concurrent requests per API key (or client address)")
+    limits.add_argument("--max-in-flight", type=int, default=0,
+                        help="requests running at this gateway; beyond: 429")
+    limits.add_argument("--max-prefill-queue-tokens", type=int, default=0,
+                        help="prompt tokens queued over the prefill pool; beyond: 429")
+    limits.add_argument("--max-decode-waiting", type=int, default=0,
+                        help="sequences waiting over the decode pool; beyond: 429")
+    limits.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds")
+    limits.add_argument("--api-key", action="append", default=[],
+                        help=f"accept this API key (repeatable; also ${API_KEY_ENV})")
+    limits.add_argument("--api-keys-file", default=None, help="one API key per line")
 
 
 def _key_values(pairs: list[str], flag: str) -> tuple[tuple[str, float], ...]:
@@ -256,6 +274,29 @@ def _known_policy(name: str) -> str:
     return name
 
 
+def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    keys = list(args.api_key)
+    if os.environ.get(API_KEY_ENV):
+        keys.append(os.environ[API_KEY_ENV])
+    if args.api_keys_file:
+        try:
+            with open(args.api_keys_file) as handle:
+                keys += [line.strip() for line in handle if line.strip()]
+        except OSError as exc:
+            raise ConfigError(f"cannot read --api-keys-file: {exc.strerror}") from None
+    return tuple(keys)
+
+
+def limits_config(args: argparse.Namespace) -> LimitsConfig:
+    return LimitsConfig(
+        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+        max_output_tokens=args.max_output_tokens,
+        max_streams_per_client=args.max_streams_per_client, max_in_flight=args.max_in_flight,
+        max_prefill_queue_tokens=args.max_prefill_queue_tokens,
+        max_decode_waiting=args.max_decode_waiting, retry_after_s=args.retry_after,
+        api_keys=_api_keys(args))
+
+
 def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
     return GatewayConfig(host=args.host, port=args.port, inbox_port=inbox_port, model=args.model,
                          served_name=args.served_name, cache_dir=args.cache_dir,
@@ -265,7 +306,7 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          flip_policy=args.flip_policy,
                          flip_options=_key_values(args.flip_option, "--flip-option"),
                          advertise_host=getattr(args, "advertise_host", None),
-                         graceful_shutdown_s=args.graceful_shutdown,
+                         graceful_shutdown_s=args.graceful_shutdown, limits=limits_config(args),
                          max_recoveries=args.max_recoveries,
                          instance_timeout_s=args.instance_timeout)
 

@@ -36,6 +36,7 @@ from common.protocol import (AbortRequest, FlipReport, GenerateRequest, Instance
 from common.sampling_params import SamplingParams
 from common.store import ControlStore, open_store
 from common.tokenizer import TextTokenizer
+from control_plane.admission import Admission
 from control_plane.cluster import InstanceRegistry
 from control_plane.metrics import GatewayMetrics
 from control_plane.monitor import ClusterMonitor
@@ -93,6 +94,7 @@ class Gateway:
         self.table = RequestTable(self.store)
         self.handles: dict[str, RequestHandle] = {}  # attempt id -> handle
         self.metrics = GatewayMetrics()
+        self.admission = Admission(config.limits, self.registry)
         self._tasks: list[asyncio.Task] = []
         self.inbox_address = ""
         self.monitor: ClusterMonitor | None = None

@@ -336,7 +336,7 @@ def test_probes_use_the_health_endpoints(rendered, case):
     http_port = int(flag_value(expanded_args(r, gateway_workload), "--port"))
     ready, live = gateway["readinessProbe"]["httpGet"], gateway["livenessProbe"]["httpGet"]
     assert ready["path"] == "/health"      # 200 only once a prefill and a decode are ready
-    assert live["path"] == "/v1/models"    # answers whenever the server runs
+    assert live["path"] == "/live"    # answers whenever the server runs, even with API keys
     for probe in (ready, live):
         assert probe["path"] in routes, f"the gateway serves no GET {probe['path']}"
         assert container_port(gateway, probe["port"]) == http_port
