@@ -166,6 +166,7 @@ class TransferConfig:
     # Fault injection for tests: "stall" = reads into this instance never complete (they fail
     # at their deadline); "" = none.
     fault: str = ""
+    cluster_secret_file: str | None = None  # CurveZMQ on the KV endpoint (common.security)
 
     def __post_init__(self) -> None:
         _require(self.granularity in ("request", "chunk"),
@@ -196,6 +197,7 @@ class InstanceConfig:
     inbox_port: int = 0  # 0 = any free port
     advertise_host: str | None = None  # the address others reach this instance at (pod IP)
     metrics_port: int = 0  # HTTP /health, /ready, /metrics; 0 = off
+    cluster_secret_file: str | None = None  # CurveZMQ on every internal socket (common.security)
     # The coupled role (co-located baselines): policy, host swap tier, policy knobs.
     coupled_policy: str = "sarathi"
     coupled_swap_blocks: int | None = None  # None = the policy's default
@@ -251,6 +253,7 @@ class GatewayConfig:
     advertise_host: str | None = None  # the address instances reply to (pod IP); None = host
     graceful_shutdown_s: float = 30.0  # finish in-flight streams this long on SIGTERM
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    cluster_secret_file: str | None = None  # CurveZMQ on every internal socket
     max_recoveries: int = 2  # times a request is run again after its instance failed
     flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
     flip_options: tuple[tuple[str, float], ...] = ()  # policy/watcher knobs, e.g. cooldown_s

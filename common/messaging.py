@@ -2,7 +2,8 @@
 
 Every process binds one inbox and connects a PUSH socket to each peer it talks to, so messages
 between two processes keep their order. Sends never block: a peer that is gone or not reading
-makes sends fail (return False) once its queue is full, never hangs the sender. Sockets close
+makes sends fail (return False) once its queue is full, never hangs the sender. With cluster
+keys (common.security), every socket speaks CurveZMQ and inboxes admit only cluster members. Sockets close
 with linger 0, so a dead peer never holds up shutdown. A socket belongs to the thread (or event
 loop) that created it.
 """
@@ -15,6 +16,7 @@ import zmq
 import zmq.asyncio
 
 from common.protocol import CodecError, Message, decode, encode
+from common.security import ClusterKeys, guard_context
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +53,12 @@ class Inbox:
     """A bound PULL socket; `receive` drains what has arrived."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int = 0,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, keys: ClusterKeys | None = None) -> None:
         self.sock = ctx.socket(zmq.PULL)
         _configure(self.sock)
+        if keys is not None:
+            guard_context(ctx, keys)
+            keys.serve(self.sock)
         self.sock.bind(bind_address(host, port))
         self.address = advertised(self.sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 
@@ -78,8 +83,9 @@ class Inbox:
 class Outbox:
     """PUSH sockets to peers, connected on first use."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context, keys: ClusterKeys | None = None) -> None:
         self.ctx = ctx
+        self.keys = keys
         self.socks: dict[str, zmq.Socket] = {}
 
     def _sock(self, address: str) -> zmq.Socket:
@@ -87,6 +93,8 @@ class Outbox:
         if sock is None:
             sock = self.ctx.socket(zmq.PUSH)
             _configure(sock)
+            if self.keys is not None:
+                self.keys.connect(sock)
             sock.connect(address)
             self.socks[address] = sock
         return sock
@@ -113,9 +121,12 @@ class AsyncInbox:
     """The asyncio flavour of `Inbox`, for the gateway's event loop."""
 
     def __init__(self, ctx: zmq.asyncio.Context, host: str, port: int = 0,
-                 advertise_host: str | None = None) -> None:
+                 advertise_host: str | None = None, keys: ClusterKeys | None = None) -> None:
         self.sock = ctx.socket(zmq.PULL)
         _configure(self.sock)
+        if keys is not None:
+            guard_context(ctx, keys)
+            keys.serve(self.sock)
         self.sock.bind(bind_address(host, port))
         self.address = advertised(self.sock.getsockopt_string(zmq.LAST_ENDPOINT), advertise_host)
 

@@ -159,6 +159,7 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
         store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
         inbox_port=args.inbox_port, advertise_host=args.advertise_host,
         metrics_port=args.metrics_port, coupled_policy=_known_policy(args.policy),
+        cluster_secret_file=args.cluster_secret_file,
         coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
         coupled_options=_key_values(args.policy_option, "--policy-option"),
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
@@ -169,6 +170,7 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
                                 failure_policy=args.transfer_failure_policy,
                                 emulation=emulation_config(args), port=args.kv_port,
                                 fault=args.transfer_fault,
+                                cluster_secret_file=args.cluster_secret_file,
                                 advertise_host=args.advertise_host))
 
 
@@ -211,6 +213,10 @@ def _add_instance(sub) -> None:
 
 
 def add_store_args(parser: argparse.ArgumentParser) -> None:
+    security = parser.add_argument_group("cluster security")
+    security.add_argument("--cluster-secret-file", default=None,
+                          help="shared secret (>= 16 bytes): CurveZMQ encryption and membership "
+                               "on every internal socket")
     group = parser.add_argument_group("control-plane store")
     group.add_argument("--redis", default=None, metavar="URL",
                        help="redis://[:password@]host:port/db (rediss:// for TLS); several "
@@ -307,6 +313,7 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          flip_options=_key_values(args.flip_option, "--flip-option"),
                          advertise_host=getattr(args, "advertise_host", None),
                          graceful_shutdown_s=args.graceful_shutdown, limits=limits_config(args),
+                         cluster_secret_file=args.cluster_secret_file,
                          max_recoveries=args.max_recoveries,
                          instance_timeout_s=args.instance_timeout)
 
@@ -343,7 +350,7 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
                  "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
                  "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
-                 "swap_blocks", "swap_bandwidth", "transfer_fault"):
+                 "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]

@@ -34,6 +34,7 @@ from common.messaging import AsyncInbox, Outbox
 from common.protocol import (AbortRequest, FlipReport, GenerateRequest, InstanceStats,
                              TokenBatch, TokenUpdate)
 from common.sampling_params import SamplingParams
+from common.security import load_keys, stop_guard
 from common.store import ControlStore, open_store
 from common.tokenizer import TextTokenizer
 from control_plane.admission import Admission
@@ -103,10 +104,11 @@ class Gateway:
     async def start(self) -> None:
         self._actx = zmq.asyncio.Context()
         self._ctx = zmq.Context()
+        keys = load_keys(self.config.cluster_secret_file)
         self.inbox = AsyncInbox(self._actx, self.config.host, self.config.inbox_port,
-                                self.config.advertise_host)
+                                self.config.advertise_host, keys)
         self.inbox_address = self.inbox.address
-        self.outbox = Outbox(self._ctx)
+        self.outbox = Outbox(self._ctx, keys)
         self.monitor = ClusterMonitor(self.registry, self.store, self.outbox, self.gateway_id,
                                       self.config.broadcast_interval_s,
                                       make_watcher(self.config.flip_policy,
@@ -126,6 +128,7 @@ class Gateway:
         self.monitor.close()
         self.inbox.close()
         self.outbox.close()
+        stop_guard(self._actx)
         self._actx.term()
         self._ctx.term()
         self.store.close()

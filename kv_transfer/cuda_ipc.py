@@ -29,6 +29,8 @@ import msgspec
 import torch
 import zmq
 
+from common.messaging import advertised, bind_address
+from common.security import guard_context, load_keys
 from kv_transfer.base import KVTransferBackend, TransferError, TransferJob, copy_blocks
 
 PREFIX = "cuda_ipc://"
@@ -76,13 +78,14 @@ def _local_index(uuid: str) -> int:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs. A zombie does not: its GPU memory went back at exit, though
+    kill(pid, 0) would still succeed until its parent reaps it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rsplit(b")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
+    return state not in (b"Z", b"X")
 
 
 class CudaIpcBackend(KVTransferBackend):
@@ -97,10 +100,15 @@ class CudaIpcBackend(KVTransferBackend):
                                      f"(it is on {kv_cache.device})")
         super().__init__(kv_cache, host, config)
         self._ctx = zmq.Context.instance()
+        self._keys = load_keys(config.cluster_secret_file)  # CurveZMQ, as on the tcp backend
         self._server = self._ctx.socket(zmq.ROUTER)
         self._server.setsockopt(zmq.LINGER, 0)
-        self._server.bind(f"tcp://{host}:*")
-        self._endpoint = PREFIX + self._server.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self._keys is not None:
+            guard_context(self._ctx, self._keys)
+            self._keys.serve(self._server)
+        self._server.bind(bind_address(host, config.port))
+        self._endpoint = PREFIX + advertised(self._server.getsockopt_string(zmq.LAST_ENDPOINT),
+                                             config.advertise_host)
         self._stop = threading.Event()
         self._server_thread = threading.Thread(target=self._serve, name="kv-cuda-ipc-server",
                                                daemon=True)
@@ -145,6 +153,8 @@ class CudaIpcBackend(KVTransferBackend):
     def _fetch_handle(self, endpoint: str, deadline: float) -> _Handle:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            self._keys.connect(sock)
         try:
             sock.connect(endpoint.removeprefix(PREFIX))
             sock.send(b"handle")

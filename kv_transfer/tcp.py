@@ -18,6 +18,7 @@ import torch
 import zmq
 
 from common.messaging import advertised, bind_address
+from common.security import guard_context, load_keys
 from kv_transfer.base import KVTransferBackend, TransferError, TransferJob
 
 PREFIX = "tcp://"
@@ -42,8 +43,12 @@ class TcpBackend(KVTransferBackend):
     def __init__(self, kv_cache, host, config) -> None:
         super().__init__(kv_cache, host, config)
         self._ctx = zmq.Context.instance()
+        self._keys = load_keys(config.cluster_secret_file)
         self._server = self._ctx.socket(zmq.ROUTER)
         self._server.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            guard_context(self._ctx, self._keys)
+            self._keys.serve(self._server)
         self._server.bind(bind_address(host, config.port))
         self._endpoint = advertised(self._server.getsockopt_string(zmq.LAST_ENDPOINT),
                                     config.advertise_host)
@@ -102,6 +107,8 @@ class TcpBackend(KVTransferBackend):
         if sock is None:
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
+            if self._keys is not None:
+                self._keys.connect(sock)
             sock.connect(endpoint)
             self._clients[endpoint] = sock
         return sock

@@ -82,23 +82,23 @@ class _Loop:
     @classmethod
     def get(cls) -> "_Loop":
         with cls._lock:
-            if cls._instance is None:
-                cls._instance = _Loop()
+            cls._instance = cls._instance or _Loop()
             return cls._instance
 
-    def run(self, coro, timeout: float | None):
+    def run(self, coro, timeout: float, stop=lambda: False):
+        """The coroutine's result, waiting at most `timeout` s; `stop()` is checked every 100 ms
+        so a cancelled job stops waiting at once."""
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError("the UCX request ran past its deadline") from None
-
-
-def _block_layout(kv_cache) -> list:
-    layout = kv_cache.layout
-    return [layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim,
-            layout.dtype]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return future.result(min(max(deadline - time.monotonic(), 0.0), 0.1))
+            except concurrent.futures.TimeoutError:
+                expired = time.monotonic() >= deadline
+                if expired or stop():
+                    future.cancel()
+                    raise TimeoutError("the UCX request ran past its deadline" if expired
+                                       else "cancelled while waiting") from None
 
 
 def _is_closed(ep) -> bool:
@@ -116,29 +116,33 @@ class UcxBackend(KVTransferBackend):
     name = "ucx"
 
     def __init__(self, kv_cache, host, config) -> None:
-        self._ucx = import_ucx()  # first, so a missing library is the one error reported
-        # ucx-py roots its exceptions at UCXBaseException (UCXCloseError is not a UCXError), ucxx
-        # at UCXError.
+        if config.cluster_secret_file:
+            raise ValueError("the ucx backend cannot authenticate peers (no CurveZMQ in UCX): "
+                             "use the tcp backend with a cluster secret")
+        self._ucx = import_ucx()  # before anything else, so the one error reported says why
+        # ucx-py roots its errors at UCXBaseException (its UCXCloseError is no UCXError)
         errors = self._ucx.exceptions
         self._ucx_error = getattr(errors, "UCXBaseException", errors.UCXError)
         super().__init__(kv_cache, host, config)
         self._loop = _Loop.get()
-        self._layout = _block_layout(kv_cache)
+        layout = kv_cache.layout
+        self._layout = [layout.num_layers, 2, layout.block_size, layout.num_kv_heads,
+                        layout.head_dim, layout.dtype]
         self._closed = False
         self._served: set = set()  # server-side endpoints (loop thread only)
         self._endpoints: dict[str, object] = {}  # client endpoints by peer (loop thread only)
         self._seq = 0
-        self._listener = self._loop.run(self._listen(), timeout=30)
-        self._endpoint = f"{PREFIX}{host}:{self._listener.port}"
+        self._listener = self._loop.run(self._listen(config.port), timeout=30)
+        self._endpoint = f"{PREFIX}{config.advertise_host or host}:{self._listener.port}"
 
     @property
     def endpoint(self) -> str:
         return self._endpoint
 
     # -- server side (loop thread) ----------------------------------------------------------------
-    async def _listen(self):
-        # The listener binds every interface; peers are told `host`, the configured one.
-        return self._ucx.create_listener(self._serve_peer)
+    async def _listen(self, port: int):
+        # UCX listens on every interface; peers are told the advertised or configured host.
+        return self._ucx.create_listener(self._serve_peer, port or None)
 
     async def _serve_peer(self, ep) -> None:
         self._served.add(ep)
@@ -160,8 +164,11 @@ class UcxBackend(KVTransferBackend):
         if request.write:
             data = torch.empty(nbytes, dtype=torch.uint8)
             await ep.recv(data.numpy())  # taken even when refused, to stay in step with the peer
-            if not refusal:
-                refusal = self._store(index, data)
+            try:
+                if not refusal:
+                    self.kv_cache.tensor.index_copy_(2, index, self._blocks_view(data, len(index)))
+            except (IndexError, RuntimeError) as exc:
+                refusal = f"{type(exc).__name__}: {exc}"
             await ep.send_obj(msgspec.msgpack.encode(_Reply(request.seq, not refusal, refusal)))
             return
         gathered = None
@@ -173,13 +180,6 @@ class UcxBackend(KVTransferBackend):
         await ep.send_obj(msgspec.msgpack.encode(_Reply(request.seq, not refusal, refusal)))
         if gathered is not None:
             await ep.send(_as_bytes(gathered))
-
-    def _store(self, index: torch.Tensor, data: torch.Tensor) -> str:
-        try:
-            self.kv_cache.tensor.index_copy_(2, index, self._blocks_view(data, len(index)))
-        except (IndexError, RuntimeError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        return ""
 
     def _blocks_view(self, data: torch.Tensor, num_blocks: int) -> torch.Tensor:
         """Raw bytes viewed as [layers, 2, num_blocks, block_size, KVH, D] (no copy)."""
@@ -205,7 +205,8 @@ class UcxBackend(KVTransferBackend):
             coro.close()
             raise ValueError(f"not a UCX endpoint: {job.endpoint}")
         try:
-            return self._loop.run(coro, timeout=max(job.deadline - time.monotonic(), 0.0))
+            return self._loop.run(coro, max(job.deadline - time.monotonic(), 0.0),
+                                  stop=lambda: self.cancelled(job.request_id))
         except BaseException:
             # Whatever state the endpoint is in (a reply may still come), it is not reused.
             self._loop.run(self._drop(job.endpoint), timeout=5)
@@ -235,8 +236,9 @@ class UcxBackend(KVTransferBackend):
         ep = self._endpoints.get(job.endpoint)
         if ep is None or _is_closed(ep):
             host, _, port = job.endpoint.removeprefix(PREFIX).rpartition(":")
-            timeout = max(min(job.deadline - time.monotonic(), 5.0), 0.1)
-            ep = await self._ucx.create_endpoint(host, int(port), connect_timeout=timeout)
+            # wait_for, not connect_timeout=: ucx-py's create_endpoint has no such argument.
+            ep = await asyncio.wait_for(self._ucx.create_endpoint(host, int(port)),
+                                        max(job.deadline - time.monotonic(), 0.1))
             self._endpoints[job.endpoint] = ep
         return ep
 

@@ -37,6 +37,7 @@ from common.messaging import Inbox, Outbox
 from common.plan import BatchPlan, ModelOutput
 from common.engine.control_link import make_link
 from common.engine.metrics import InstanceMetrics, serve_http
+from common.security import load_keys, stop_guard
 from common.protocol import (FlipCommand, FlipReport, InstanceStats, Message, Shutdown,
                              TokenBatch, TokenUpdate)
 
@@ -153,8 +154,9 @@ class InstanceWorker:
         self.runner = ModelRunner(config.engine)
         layout = self.runner.kv_layout
         self.zmq = zmq.Context()
-        self.inbox = Inbox(self.zmq, config.host, config.inbox_port, config.advertise_host)
-        self.outbox = Outbox(self.zmq)
+        keys = load_keys(config.cluster_secret_file)
+        self.inbox = Inbox(self.zmq, config.host, config.inbox_port, config.advertise_host, keys)
+        self.outbox = Outbox(self.zmq, keys)
         self.transfer = backend_cls(self.runner.kv_cache, config.host, config.transfer)
         self.metrics = InstanceMetrics(self.instance_id)
         self.transfer.on_result = self.metrics.observe_transfer
@@ -277,5 +279,6 @@ class InstanceWorker:
         self.transfer.close()
         self.inbox.close()
         self.outbox.close()
+        stop_guard(self.zmq)
         self.zmq.term()
         self.runner.close()
