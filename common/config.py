@@ -112,13 +112,41 @@ class PrefillConfig:
     chunk_size: int = 0
     pad_last_chunk: bool = False  # zero-pad a short chunk up to ChunkSize, as the paper does
     lease_timeout_s: float = 30.0  # how long blocks wait for a decode instance to take them
+    dispatch_policy: str = "power_of_two"  # prefill_instance.dispatcher registry
+    heavy_threshold: int = 128  # predicted output tokens above which a decode is heavy
+    use_upper_end: bool = False  # size requests by the upper end of the predicted range
+    # Length predictor beside the main model: a directory made by `splitserve predictor
+    # train`, "oracle" (max_tokens as the true length: ignore-EOS workloads), or None.
+    predictor: str | None = None
+    predictor_mode: str = "parallel"  # parallel (own thread) or sequential
+    oracle_granularity: int = 200
 
     def __post_init__(self) -> None:
+        _require(self.predictor_mode in ("parallel", "sequential"),
+                 f"predictor mode must be parallel or sequential, got {self.predictor_mode!r}")
         _require(self.policy in PREFILL_POLICIES, f"prefill policy must be one of "
                                                   f"{PREFILL_POLICIES}, got {self.policy!r}")
         _require(self.sched_batch > 0, "PrefillSchedBatch must be > 0")
         _require(self.chunk_size >= 0, "ChunkSize must be >= 0")
         _require(self.lease_timeout_s > 0, "lease timeout must be > 0")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The decode role (TetriInfer §3.4)."""
+
+    admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic
+    use_upper_end: bool = False  # which end of the predicted range admission uses
+    preempt: str = "recompute"  # when memory runs out anyway: recompute or swap (host tier)
+    swap_blocks: int | None = None  # host blocks for swap; None = as many as the device has
+    swap_bandwidth: float | None = None  # emulated host-swap bandwidth, bytes/s
+    heavy_threshold: int = 128
+
+    def __post_init__(self) -> None:
+        _require(self.admission in ("greedy", "reserve-static", "reserve-dynamic"),
+                 f"unknown decode admission policy {self.admission!r}")
+        _require(self.preempt in ("recompute", "swap"),
+                 f"preempt must be recompute or swap, got {self.preempt!r}")
 
 
 BANDWIDTH_PRESETS = {"roce-200g": 200e9 / 8, "nvlink-300g": 300e9}  # bytes per second
@@ -188,6 +216,7 @@ class InstanceConfig:
     gateways: tuple[str, ...] = ()  # gateway inboxes that receive this instance's load reports
     report_interval_s: float = 0.1
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     # With a store URL (redis://...), load reports and broadcasts go through the store and
     # several gateways share the cluster; without, through the gateways' inboxes.

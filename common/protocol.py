@@ -29,6 +29,15 @@ class Message(msgspec.Struct, tag=True, omit_defaults=True):
     """Base of all wire messages."""
 
 
+class LengthHint(msgspec.Struct, frozen=True):
+    """A predicted output length: bucket `bucket` of the predictor's granularity covers
+    [lower, upper) generated tokens."""
+
+    bucket: int
+    lower: int
+    upper: int
+
+
 class GenerateRequest(Message):
     request_id: str
     prompt_token_ids: list[int]
@@ -56,6 +65,8 @@ class PeerInfo(msgspec.Struct, omit_defaults=True):
     num_total_blocks: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    num_heavy: int = 0  # running decodes predicted heavy
+    num_light: int = 0
 
 
 class ClusterView(Message):
@@ -100,6 +111,7 @@ class KVTransferOffer(Message):
     # False for chunk-level hand-offs: more chunks follow (KVChunkReady) and token_ids holds no
     # generated token yet.
     final: bool = True
+    prediction: LengthHint | None = None  # the length predictor's bucket for this sequence
 
 
 class KVChunkReady(Message):
@@ -112,6 +124,7 @@ class KVChunkReady(Message):
     final: bool = False
     token_ids: list[int] = []
     lease_expires: float = 0.0  # the lease, extended by every notice
+    prediction: LengthHint | None = None  # once known
 
 
 class KVTransferDone(Message):
@@ -142,6 +155,12 @@ class InstanceStats(Message):
     num_heavy_decodes: int = 0  # running decodes predicted heavy (output > 128 tokens)
     num_light_decodes: int = 0
     metrics_url: str = ""  # http://host:port of /health, /ready, /metrics; "" = not served
+    # Decode instances, cumulative since start (experiments read them from GET /cluster):
+    num_preemptions: int = 0
+    num_finished_heavy: int = 0  # finished sequences whose prediction said heavy
+    num_finished_light: int = 0
+    first_admit_time: float = 0.0  # wall clock of the first sequence admitted
+    last_finish_time: float = 0.0  # wall clock of the last sequence finished
 
 
 class TokenUpdate(msgspec.Struct, omit_defaults=True):

@@ -6,6 +6,8 @@ import msgspec
 
 from common.errors import InvalidRequestError
 
+_INT64 = (-2**63, 2**63 - 1)  # what msgpack carries between processes
+
 
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     max_tokens: int = 16
@@ -36,6 +38,10 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
         if any(not s for s in self.stop):
             raise InvalidRequestError("stop strings must not be empty")
+        for name, values in (("seed", (self.seed or 0,)), ("top_k", (self.top_k,)),
+                             ("stop_token_ids", self.stop_token_ids)):
+            if any(not _INT64[0] <= v <= _INT64[1] for v in values):
+                raise InvalidRequestError(f"{name} must fit in a signed 64-bit integer")
         return self
 
     def is_stop_token(self, token_id: int) -> bool:

@@ -60,6 +60,11 @@ class TextTokenizer:
         return tuple(ids)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate ("\\ud800" in JSON)
+                raise InvalidRequestError("text is not valid Unicode (lone surrogate)") from None
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -72,6 +72,9 @@ class Api:
             prompt_ids = tokenizer.encode_chat(body.template_messages())
         elif isinstance(body.prompt, list):
             prompt_ids = [int(t) for t in body.prompt]
+            if any(not 0 <= t < tokenizer.vocab_size for t in prompt_ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, "
+                                          f"{tokenizer.vocab_size})")
         else:
             prompt_ids = tokenizer.encode(body.prompt)
         if not prompt_ids:
@@ -218,11 +221,11 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
     def admin(request: Request) -> None:
         gateway.admission.authenticate(request.headers.get("authorization"))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", dependencies=[Depends(admin)])  # 401 before body errors
     async def completions(body: CompletionRequest, request: Request):
         return await api.handle(body, False, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", dependencies=[Depends(admin)])  # 401 before body errors
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         return await api.handle(body, True, request)
 

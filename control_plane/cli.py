@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 
-from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError,
+from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError, DecodeConfig,
                            EmulationConfig, EngineConfig, GatewayConfig, InstanceConfig,
                            LimitsConfig, ModelConfig, PrefillConfig, TransferConfig)
 from common.errors import SplitserveError
@@ -138,6 +138,25 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pad-chunks", action="store_true",
                        help="zero-pad the last prefill chunk to ChunkSize")
     group.add_argument("--lease-timeout", type=float, default=30.0)
+    group.add_argument("--dispatch-policy", default="power_of_two",
+                       choices=["power_of_two", "random", "round_robin", "least_loaded",
+                                "imbalance"])
+    group.add_argument("--heavy-threshold", type=int, default=128,
+                       help="predicted output tokens above which a decode is heavy")
+    group.add_argument("--use-upper-end", action="store_true",
+                       help="size by the upper end of the predicted range (default: lower)")
+    group.add_argument("--predictor", default=None,
+                       help="length predictor beside prefill: a trained predictor directory, "
+                            "or 'oracle' (max_tokens as the true length)")
+    group.add_argument("--predictor-mode", default="parallel", choices=["parallel",
+                                                                        "sequential"])
+    group.add_argument("--oracle-granularity", type=int, default=200)
+    group.add_argument("--decode-admission", default="greedy",
+                       choices=["greedy", "reserve-static", "reserve-dynamic"])
+    group.add_argument("--decode-preempt", default="recompute", choices=["recompute", "swap"])
+    group.add_argument("--decode-swap-blocks", type=int, default=None)
+    group.add_argument("--decode-swap-bandwidth", type=float, default=None,
+                       help="emulated host swap bandwidth, bytes/s")
     group.add_argument("--heartbeat-ttl", type=float, default=2.0,
                        help="an instance silent this long is removed (with --redis)")
     coupled = parser.add_argument_group("coupled role (co-located baselines)")
@@ -164,7 +183,16 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
         coupled_options=_key_values(args.policy_option, "--policy-option"),
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
-                              lease_timeout_s=args.lease_timeout),
+                              lease_timeout_s=args.lease_timeout,
+                              dispatch_policy=args.dispatch_policy,
+                              heavy_threshold=args.heavy_threshold,
+                              use_upper_end=args.use_upper_end, predictor=args.predictor,
+                              predictor_mode=args.predictor_mode,
+                              oracle_granularity=args.oracle_granularity),
+        decode=DecodeConfig(admission=args.decode_admission, use_upper_end=args.use_upper_end,
+                            preempt=args.decode_preempt, swap_blocks=args.decode_swap_blocks,
+                            swap_bandwidth=args.decode_swap_bandwidth,
+                            heavy_threshold=args.heavy_threshold),
         transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout,
                                 granularity=args.transfer_granularity,
                                 failure_policy=args.transfer_failure_policy,
@@ -350,12 +378,17 @@ def _instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
                  "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
                  "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
-                 "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file"):
+                 "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file",
+                 "dispatch_policy", "heavy_threshold", "predictor", "predictor_mode",
+                 "oracle_granularity", "decode_admission", "decode_preempt",
+                 "decode_swap_blocks", "decode_swap_bandwidth"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]
     if args.pad_chunks:
         forwarded.append("--pad-chunks")
+    if args.use_upper_end:
+        forwarded.append("--use-upper-end")
     for pair in args.policy_option:
         forwarded += ["--policy-option", pair]
     forwarded += ["--threads", str(args.threads_per_instance)]

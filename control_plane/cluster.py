@@ -121,7 +121,8 @@ class InstanceRegistry:
     def decode_peers(self) -> list[PeerInfo]:
         return [PeerInfo(s.stats.instance_id, s.stats.inbox, s.stats.kv_endpoint,
                          s.stats.num_free_blocks, s.stats.num_total_blocks,
-                         s.stats.num_running, s.stats.num_waiting)
+                         s.stats.num_running, s.stats.num_waiting, s.stats.num_heavy_decodes,
+                         s.stats.num_light_decodes)
                 for s in self.routable("decode")]
 
     def get(self, instance_id: str) -> InstanceState | None:
@@ -135,7 +136,12 @@ class InstanceRegistry:
             rows.append({
                 "instance_id": s.instance_id, "role": s.role, "ready": self.is_ready(state, now),
                 "draining": state.draining, "flip_target": state.flip_target or None,
-                "decodes": {"heavy": s.num_heavy_decodes, "light": s.num_light_decodes},
+                "decodes": {"heavy": s.num_heavy_decodes, "light": s.num_light_decodes,
+                            "finished_heavy": s.num_finished_heavy,
+                            "finished_light": s.num_finished_light,
+                            "preemptions": s.num_preemptions,
+                            "first_admit_time": s.first_admit_time,
+                            "last_finish_time": s.last_finish_time},
                 "inbox": s.inbox, "kv_endpoint": s.kv_endpoint, "pid": s.pid, "model": s.model,
                 "metrics_url": s.metrics_url or None,
                 "queue": {"waiting": s.num_waiting, "running": s.num_running,

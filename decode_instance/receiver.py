@@ -39,8 +39,9 @@ class HandOff:
 
 
 class Receiver:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, admits=lambda offer: True) -> None:
         self.ctx = ctx
+        self.admits = admits  # the decode admission policy's verdict on an offer
         self.pending: deque[HandOff] = deque()
         self.active: dict[str, HandOff] = {}
         self.ready: list[Sequence] = []  # received, to join the running batch
@@ -61,6 +62,7 @@ class Receiver:
         offer.block_ids, offer.num_cached_tokens = message.block_ids, message.num_cached_tokens
         offer.final = message.final
         offer.lease_expires = message.lease_expires or offer.lease_expires
+        offer.prediction = message.prediction or offer.prediction
         if message.final:
             offer.token_ids = message.token_ids
         if message.request_id in self.active:
@@ -105,10 +107,12 @@ class Receiver:
                 self.failed.append((handoff.offer, "KV lease expired before this decode instance "
                                                    "had room"))
                 continue
+            if not self.admits(handoff.offer):
+                return  # the admission policy says wait; in arrival order
             # prompt (+ output a recovered request already had) + the next token's KV
             table = self.ctx.kv.grow(handoff.offer.request_id, len(handoff.offer.token_ids) + 1)
             if table is None:
-                return  # greedy admission: wait for room, in arrival order
+                return
             self.pending.popleft()
             handoff.local_blocks = table
             self.active[handoff.offer.request_id] = handoff
@@ -174,7 +178,8 @@ class Receiver:
         seq.token_ids = list(offer.token_ids)
         seq.num_computed_tokens = offer.num_cached_tokens
         seq.block_ids = self.ctx.kv.table(offer.request_id)
-        seq.extra.update(reply_to=offer.reply_to, deadline=offer.deadline)
+        seq.extra.update(reply_to=offer.reply_to, deadline=offer.deadline,
+                         prediction=offer.prediction, first_prediction=offer.prediction)
         return seq
 
     # -- reporting -------------------------------------------------------------------------------

@@ -19,9 +19,12 @@ import time
 
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
+from common.engine.swap import attach_host_tier
 from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVChunkReady,
-                             KVTransferDone, KVTransferOffer, Message, TokenUpdate)
+                             KVTransferDone, KVTransferOffer, LengthHint, Message, TokenUpdate)
+from common.schedulers.swapping import SwapSpace
 from common.transfer_errors import REJECTED
+from decode_instance.admission import SeqView, make_admission, predicted_output
 from decode_instance.receiver import Receiver
 from decode_instance.scheduler import DecodeScheduler
 
@@ -34,9 +37,13 @@ class DecodeRole(Role):
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
-        self.scheduler = DecodeScheduler(ctx.config.engine.batch, ctx.kv)
-        self.receiver = Receiver(ctx)
+        self.config = ctx.config.decode
+        self.scheduler = DecodeScheduler(ctx.config.engine.batch, ctx.kv, self._swap_space())
+        self.admission = make_admission(self.config.admission, self.config.use_upper_end)
+        self.receiver = Receiver(ctx, self._admits)
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
+        self.finished = {"heavy": 0, "light": 0}
+        self.first_admit_time = self.last_finish_time = 0.0
         # Aborts can overtake their offer (they come from the gateway, offers from a prefill
         # instance): remember recent ones so a late offer is refused, not decoded for nobody.
         self.recent_aborts: dict[str, float] = {}
@@ -56,6 +63,24 @@ class DecodeRole(Role):
             self.ctx.emit(message.reply_to, TokenUpdate(
                 message.request_id, finish_reason="error", error="not a prefill instance",
                 instance_id=self.ctx.instance_id, recoverable=True))
+
+    def _swap_space(self) -> SwapSpace | None:
+        if self.config.preempt != "swap":
+            return None
+        num_host_blocks = self.config.swap_blocks or self.ctx.kv.num_blocks
+        attach_host_tier(self.ctx.runner, num_host_blocks, self.config.swap_bandwidth)
+        return SwapSpace(num_host_blocks)
+
+    def _admits(self, offer: KVTransferOffer) -> bool:
+        new = SeqView(len(offer.token_ids) + (0 if offer.final else 1),
+                      len(offer.token_ids) - offer.num_prompt_tokens, offer.prediction)
+        running = [SeqView(s.num_tokens, s.num_output_tokens, s.extra.get("prediction"))
+                   for s in self.scheduler.running]
+        running += [SeqView(len(h.offer.token_ids), 0, h.offer.prediction)
+                    for h in self.receiver.active.values()]  # admitted, KV still arriving
+        kv = self.ctx.kv
+        return self.admission.admits(new, running, kv.num_free_blocks, kv.num_blocks,
+                                     kv.block_size)
 
     def _offer(self, offer: KVTransferOffer) -> None:
         if offer.request_id in self.recent_aborts:
@@ -85,6 +110,7 @@ class DecodeRole(Role):
         self.receiver.admit()
         for seq in self.receiver.ready:
             self.scheduler.add_prefilled(seq)
+            self.first_admit_time = self.first_admit_time or time.time()
         self.receiver.ready.clear()
         for offer, error in self.receiver.failed:
             self.ctx.emit(offer.reply_to, TokenUpdate(
@@ -111,17 +137,46 @@ class DecodeRole(Role):
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
         reply_to = {c.seq_id: self.scheduler.sequences[c.seq_id].extra["reply_to"]
                     for c in plan.chunks if c.seq_id in self.scheduler.sequences}
+        predictions = {c.seq_id: self.scheduler.sequences[c.seq_id].extra.get("first_prediction")
+                       for c in plan.chunks if c.seq_id in self.scheduler.sequences}
         for u in self.scheduler.update_from_output(plan, output):
             self.ctx.emit(reply_to[u.seq_id], TokenUpdate(
                 u.seq_id, u.new_token_ids, u.finish_reason, u.num_prompt_tokens,
                 u.num_output_tokens, self.ctx.instance_id))
+            if u.finish_reason in ("stop", "length"):
+                self._finished(predictions.get(u.seq_id), u.num_output_tokens)
+
+    def _finished(self, hint: LengthHint | None, num_output_tokens: int) -> None:
+        self.last_finish_time = time.time()
+        heavy = (predicted_output(hint, self.config.use_upper_end) or 0) > \
+            self.config.heavy_threshold
+        self.finished["heavy" if heavy else "light"] += 1
+        if hint is not None:
+            self._score(hint, num_output_tokens)
+
+    def _score(self, hint: LengthHint, num_output_tokens: int) -> None:
+        """Predictor accuracy against the realized length, for /metrics."""
+        width = max(hint.upper - hint.lower, 1)
+        miss = abs(num_output_tokens // width - hint.bucket)
+        outcome = "exact" if miss == 0 else "within_one" if miss == 1 else "miss"
+        self.ctx.count("predictions", outcome=outcome)
 
     # -- reporting -----------------------------------------------------------------------------
     def load(self) -> dict:
+        heavy = sum(1 for s in self.scheduler.running
+                    if (predicted_output(s.extra.get("prediction"), self.config.use_upper_end)
+                        or 0) > self.config.heavy_threshold)
         return {"num_waiting": self.receiver.num_pending,
                 "num_running": self.scheduler.num_running,
                 "num_transferring": self.receiver.num_active,
-                "num_queued_tokens": self.receiver.queued_tokens()}
+                "num_queued_tokens": self.receiver.queued_tokens(),
+                "num_heavy_decodes": heavy,
+                "num_light_decodes": self.scheduler.num_running - heavy,
+                "num_preemptions": self.scheduler.num_preemptions,
+                "num_finished_heavy": self.finished["heavy"],
+                "num_finished_light": self.finished["light"],
+                "first_admit_time": self.first_admit_time,
+                "last_finish_time": self.last_finish_time}
 
     def live_seq_ids(self) -> set[str]:
         return set(self.scheduler.sequences) | set(self.receiver.active)

@@ -9,10 +9,14 @@ newest sequence is preempted and later recomputed here, chunk by chunk, under th
 from __future__ import annotations
 
 from common.schedulers.coupled import StallFreeScheduler
+from decode_instance.admission import migrate
 from common.sequence import Sequence, SequenceStatus
 
 
 class DecodeScheduler(StallFreeScheduler):
+    """With a host swap tier (`swap`), memory shortage swaps sequences out instead of
+    recomputing them; a sequence's prediction moves to the next bucket when it outgrows it."""
+
     def add_prefilled(self, seq: Sequence) -> None:
         """Start decoding a sequence whose prompt KV is already in its blocks."""
         seq.status = SequenceStatus.RUNNING
@@ -22,3 +26,10 @@ class DecodeScheduler(StallFreeScheduler):
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    def update_from_output(self, plan, output):
+        updates = super().update_from_output(plan, output)
+        for seq in self.running:
+            if seq.extra.get("prediction") is not None:
+                seq.extra["prediction"] = migrate(seq.extra["prediction"], seq.num_output_tokens)
+        return updates

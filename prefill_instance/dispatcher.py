@@ -1,35 +1,138 @@
-"""Choosing the decode instance for a prefilled sequence.
+"""Choosing the decode instance for a sequence (TetriInfer §3.3.4), as pure functions of the
+cluster monitor's last broadcast (`PeerInfo` per decode instance) and the sequence's predicted
+output length.
 
-`round_robin` cycles over the decode instances the cluster monitor last broadcast. The
-length-aware power-of-two dispatcher of TetriInfer §3.3.4 registers here too.
+`power_of_two` (the paper's): split the decode instances into alpha, those with enough free KV
+blocks for the prompt plus the predicted output, and beta, the rest. Pick two at random from
+alpha and keep the one whose heavy:light decode ratio after placement is lower, which spreads
+heavy decodes evenly. With one member in alpha take it; with none, take the beta instance with
+the most free blocks, or hold the sequence until room appears (`hold_when_full`).
+
+For comparison: `random`, `round_robin`, `least_loaded` (most free blocks, then fewest
+running), and `imbalance` (every heavy decode to the same instance: the paper's worst case).
 """
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
-from common.protocol import PeerInfo
+from common.protocol import LengthHint, PeerInfo
 from common.registry import Registry
 from common.sequence import Sequence
 
 DISPATCHERS: Registry[type["Dispatcher"]] = Registry("dispatch policy")
 
 
+@dataclass(frozen=True)
+class DispatchOptions:
+    heavy_threshold: int = 128  # predicted output tokens above which a decode is heavy
+    use_upper_end: bool = False  # size requests by the upper end of the predicted range
+    hold_when_full: bool = False  # with an empty alpha set: hold instead of the roomiest beta
+    block_size: int = 16
+    seed: int | None = None
+
+
+def predicted_output(hint: LengthHint | None, options: DispatchOptions) -> int | None:
+    if hint is None:
+        return None
+    return hint.upper if options.use_upper_end else hint.lower
+
+
+def is_heavy(hint: LengthHint | None, options: DispatchOptions) -> bool:
+    output = predicted_output(hint, options)
+    return output is not None and output > options.heavy_threshold
+
+
+def blocks_needed(seq: Sequence, hint: LengthHint | None, options: DispatchOptions) -> int:
+    output = predicted_output(hint, options) or 1
+    return -(-(seq.num_tokens + output) // options.block_size)
+
+
+def heavy_light_ratio(peer: PeerInfo, heavy: bool) -> float:
+    """The peer's heavy:light ratio if this sequence joined it."""
+    num_heavy = peer.num_heavy + (1 if heavy else 0)
+    num_light = peer.num_light + (0 if heavy else 1)
+    return num_heavy / max(num_light, 1)
+
+
 class Dispatcher(ABC):
+    def __init__(self, options: DispatchOptions = DispatchOptions()) -> None:
+        self.options = options
+        self.rng = random.Random(options.seed)
+
     @abstractmethod
     def pick(self, seq: Sequence, decodes: list[PeerInfo]) -> PeerInfo | None:
         """The decode instance for `seq`, or None to hold it until the view changes."""
 
+    @staticmethod
+    def hint(seq: Sequence) -> LengthHint | None:
+        return seq.extra.get("prediction")
+
 
 @DISPATCHERS.register("round_robin")
 class RoundRobin(Dispatcher):
-    def __init__(self) -> None:
+    def __init__(self, options: DispatchOptions = DispatchOptions()) -> None:
+        super().__init__(options)
         self.counter = 0
 
-    def pick(self, seq: Sequence, decodes: list[PeerInfo]) -> PeerInfo | None:
+    def pick(self, seq, decodes):
         if not decodes:
             return None
         ordered = sorted(decodes, key=lambda p: p.instance_id)
         choice = ordered[self.counter % len(ordered)]
         self.counter += 1
         return choice
+
+
+@DISPATCHERS.register("random")
+class RandomChoice(Dispatcher):
+    def pick(self, seq, decodes):
+        return self.rng.choice(sorted(decodes, key=lambda p: p.instance_id)) if decodes else None
+
+
+@DISPATCHERS.register("least_loaded")
+class LeastLoaded(Dispatcher):
+    def pick(self, seq, decodes):
+        if not decodes:
+            return None
+        return max(decodes, key=lambda p: (p.num_free_blocks, -p.num_running, p.instance_id))
+
+
+@DISPATCHERS.register("power_of_two")
+class PowerOfTwo(Dispatcher):
+    def pick(self, seq, decodes):
+        if not decodes:
+            return None
+        hint = self.hint(seq)
+        needed = blocks_needed(seq, hint, self.options)
+        alpha = sorted((p for p in decodes if p.num_free_blocks >= needed),
+                       key=lambda p: p.instance_id)
+        if len(alpha) >= 2:
+            heavy = is_heavy(hint, self.options)
+            pair = self.rng.sample(alpha, 2)
+            return min(pair, key=lambda p: (heavy_light_ratio(p, heavy), -p.num_free_blocks))
+        if alpha:
+            return alpha[0]
+        if self.options.hold_when_full:
+            return None
+        return max(decodes, key=lambda p: (p.num_free_blocks, p.instance_id))
+
+
+@DISPATCHERS.register("imbalance")
+class Imbalance(Dispatcher):
+    """Heavy decodes always to the same instance, light ones to the others in turn."""
+
+    def __init__(self, options: DispatchOptions = DispatchOptions()) -> None:
+        super().__init__(options)
+        self.counter = 0
+
+    def pick(self, seq, decodes):
+        if not decodes:
+            return None
+        ordered = sorted(decodes, key=lambda p: p.instance_id)
+        if is_heavy(self.hint(seq), self.options) or len(ordered) == 1:
+            return ordered[0]
+        self.counter += 1
+        return ordered[1 + self.counter % (len(ordered) - 1)]

@@ -44,7 +44,8 @@ class Handoffs:
             source_inbox=self.ctx.inbox_address, kv_endpoint=self.ctx.transfer.endpoint,
             block_ids=list(self.ctx.kv.table(seq.seq_id)),
             num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + self.lease_s,
-            arrival_time=seq.extra["arrival_wall"], deadline=seq.extra["deadline"], final=final))
+            arrival_time=seq.extra["arrival_wall"], deadline=seq.extra["deadline"], final=final,
+            prediction=seq.extra.get("prediction")))
         return decode
 
     def notify(self, seq: Sequence, final: bool) -> None:
@@ -53,7 +54,8 @@ class Handoffs:
         lease.expires = time.monotonic() + self.lease_s
         self.ctx.send(lease.decode.inbox, KVChunkReady(
             seq.seq_id, list(self.ctx.kv.table(seq.seq_id)), seq.num_computed_tokens, final,
-            list(seq.token_ids) if final else [], lease_expires=time.time() + self.lease_s))
+            list(seq.token_ids) if final else [], lease_expires=time.time() + self.lease_s,
+            prediction=seq.extra.get("prediction")))
 
     def release(self, request_id: str) -> Lease | None:
         return self.leases.pop(request_id, None)

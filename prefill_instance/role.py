@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from functools import lru_cache
 
 from common.engine.profile import recorded_chunk_size
@@ -25,8 +26,9 @@ from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVTrans
                              KVTransferOffer, Message, TokenUpdate)
 from common.sequence import Sequence
 from common.transfer_errors import REJECTED
-from prefill_instance.dispatcher import DISPATCHERS
+from prefill_instance.dispatcher import DISPATCHERS, DispatchOptions
 from prefill_instance.handoff import Handoffs
+from prefill_instance.prediction import PrefillPredictor
 from prefill_instance.scheduler import PrefillScheduler
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,13 @@ class PrefillRole(Role):
         super().__init__(ctx)
         self.chunk_size = chunk_size_for(ctx)
         self.scheduler = PrefillScheduler(ctx.config.prefill, self.chunk_size, ctx.kv)
-        self.handoffs = Handoffs(ctx, DISPATCHERS.get("round_robin")())
+        config = ctx.config.prefill
+        self.handoffs = Handoffs(ctx, DISPATCHERS.get(config.dispatch_policy)(DispatchOptions(
+            heavy_threshold=config.heavy_threshold, use_upper_end=config.use_upper_end,
+            block_size=ctx.kv.block_size)))
+        self.predictor = (PrefillPredictor(config.predictor, config.predictor_mode,
+                                           config.oracle_granularity)
+                          if config.predictor else None)
         self.chunked = ctx.config.transfer.granularity == "chunk"
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
         self.routes: dict[str, str] = {}  # request id -> gateway inbox, until the first token
@@ -86,6 +94,8 @@ class PrefillRole(Role):
         if self.ctx.kv.num_blocks_for(seq.num_tokens + 1) > self.ctx.kv.num_blocks:
             self._fail(seq, "the prompt needs more KV blocks than this instance has")
             return
+        if self.predictor is not None:
+            self.predictor.admit(seq)
         self.scheduler.add(seq)
 
     def _drop(self, request_id: str) -> None:
@@ -95,6 +105,8 @@ class PrefillRole(Role):
                                       if s.seq_id != request_id]
         self.ctx.kv.free(request_id)
         self.routes.pop(request_id, None)
+        if self.predictor is not None:
+            self.predictor.discard(request_id)
 
     def _abort(self, request_id: str, reason: str) -> None:
         self.handoffs.forward_abort(request_id, reason)
@@ -158,11 +170,18 @@ class PrefillRole(Role):
 
     # -- forwards ------------------------------------------------------------------------------
     def schedule(self) -> BatchPlan:
-        return self.scheduler.schedule()
+        plan = self.scheduler.schedule()
+        if self.predictor is not None and self.predictor.wants_hidden and not plan.is_empty:
+            plan = replace(plan, return_hidden=True)  # the probe reads the last prompt token
+        return plan
 
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
         updates = {u.seq_id: u for u in self.scheduler.update_from_output(plan, output)}
         prefilled = {s.seq_id: s for s in self.scheduler.take_prefilled()}
+        if self.predictor is not None:
+            self.predictor.absorb(output.hidden, {**self.scheduler.sequences, **prefilled})
+            for seq in prefilled.values():
+                self.predictor.ensure(seq)
         for chunk in plan.chunks:
             seq_id, u = chunk.seq_id, updates.get(chunk.seq_id)
             if seq_id in prefilled:
@@ -212,3 +231,7 @@ class PrefillRole(Role):
     @property
     def is_drained(self) -> bool:
         return not (self.scheduler.sequences or self.handoffs.leases or self.handoffs.undispatched)
+
+    def close(self) -> None:
+        if self.predictor is not None:
+            self.predictor.close()

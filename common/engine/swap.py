@@ -105,3 +105,11 @@ def run_swaps(swap_space: HostSwapSpace | None, cache: KVCache, plan: BatchPlan)
         raise RuntimeError("the plan swaps KV blocks but this runner has no host swap space "
                            "(attach a common.engine.swap.HostSwapSpace)")
     swap_space.execute(cache, plan.swap_out, plan.swap_in)
+
+
+def attach_host_tier(runner, num_host_blocks: int, bandwidth: float | None) -> None:
+    """Give `runner` a host swap tier of `num_host_blocks` (kept if it already has that size)."""
+    current = runner.swap_space
+    if current is None or current.num_blocks != num_host_blocks:
+        runner.swap_space = HostSwapSpace(runner.kv_layout, num_host_blocks, bandwidth,
+                                          pin_memory=runner.device.type == "cuda")

@@ -119,6 +119,9 @@ class Role(ABC):
         """A flip is coming: finish what is held, take no new work that can go elsewhere."""
         self.draining = True
 
+    def close(self) -> None:
+        """Release what the role started (threads, files); the instance is stopping."""
+
     @property
     @abstractmethod
     def is_drained(self) -> bool:
@@ -226,6 +229,7 @@ class InstanceWorker:
         self._pending_flip = None
         switch_started = time.perf_counter()
         old = self.role.name
+        self.role.close()
         # Same runner, KV cache and block tables: only the role object changes.
         self.role = self.role_classes[command.target_role](self.ctx)
         switched = time.perf_counter()
@@ -273,6 +277,7 @@ class InstanceWorker:
             **self.role.load())
 
     def close(self) -> None:
+        self.role.close()
         if self.http is not None:
             self.http.shutdown()
         self.link.close()

@@ -175,7 +175,9 @@ def test_describe_fields(registry, clock):
     p1 = rows[1]
     assert p1 == {
         "instance_id": "p1", "role": "prefill", "ready": True, "draining": False,
-        "flip_target": None, "decodes": {"heavy": 0, "light": 0}, "inbox": "tcp://p1:1",
+        "flip_target": None, "decodes": {"heavy": 0, "light": 0, "finished_heavy": 0,
+                                           "finished_light": 0, "preemptions": 0,
+                                           "first_admit_time": 0.0, "last_finish_time": 0.0}, "inbox": "tcp://p1:1",
         "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model", "metrics_url": None,
         "queue": {"waiting": 3, "running": 2, "transferring": 4, "queued_tokens": 42},
         "kv_blocks": {"total": 100, "free": 30, "used": 70},

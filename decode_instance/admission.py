@@ -1,0 +1,97 @@
+"""Decode admission policies (TetriInfer §3.4): when may a received sequence join the batch?
+
+Pure functions of block counts and predicted lengths. A sequence's predicted output is one end of
+its predicted bucket (the lower end by default, as the paper's tests use); a running sequence
+whose real output reaches the upper end of its bucket moves on to the next bucket.
+
+- greedy (vLLM): admit while the prompt and the next token fit in the free blocks now;
+- reserve-static: admit only if the sequence's predicted total memory (prompt + predicted output)
+  fits in the free blocks now;
+- reserve-dynamic: admit only if memory will still suffice when the running sequence with the
+  shortest predicted remaining length finishes: with r_min that length,
+      sum_running blocks(tokens + r_min) + blocks(new tokens + r_min) <= total blocks.
+
+Without a prediction every policy falls back to greedy for that sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.protocol import LengthHint
+from common.registry import Registry
+
+ADMISSION_POLICIES: Registry[type["AdmissionPolicy"]] = Registry("decode admission policy")
+
+
+@dataclass(frozen=True)
+class SeqView:
+    num_tokens: int  # tokens whose KV exists or is being computed
+    num_output_tokens: int
+    prediction: LengthHint | None
+
+
+def predicted_output(hint: LengthHint | None, use_upper: bool) -> int | None:
+    if hint is None:
+        return None
+    return hint.upper if use_upper else hint.lower
+
+
+def predicted_remaining(view: SeqView, use_upper: bool) -> int | None:
+    output = predicted_output(view.prediction, use_upper)
+    if output is None:
+        return None
+    return max(output - view.num_output_tokens, 1)
+
+
+def migrate(hint: LengthHint | None, num_output_tokens: int) -> LengthHint | None:
+    """Move a sequence that outgrew its bucket on to the bucket its real length is in."""
+    if hint is None or num_output_tokens < hint.upper:
+        return hint
+    width = max(hint.upper - hint.lower, 1)
+    bucket = num_output_tokens // width
+    return LengthHint(bucket, bucket * width, (bucket + 1) * width)
+
+
+def blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class AdmissionPolicy:
+    def __init__(self, use_upper_end: bool = False) -> None:
+        self.use_upper = use_upper_end
+
+    def admits(self, new: SeqView, running: list[SeqView], free_blocks: int, total_blocks: int,
+               block_size: int) -> bool:
+        """May `new` be admitted now (it still needs its blocks allocated)?"""
+        return blocks(new.num_tokens + 1, block_size) <= free_blocks
+
+
+ADMISSION_POLICIES.register("greedy")(AdmissionPolicy)
+
+
+@ADMISSION_POLICIES.register("reserve-static")
+class ReserveStatic(AdmissionPolicy):
+    def admits(self, new, running, free_blocks, total_blocks, block_size):
+        remaining = predicted_remaining(new, self.use_upper)
+        if remaining is None:
+            return super().admits(new, running, free_blocks, total_blocks, block_size)
+        return blocks(new.num_tokens + remaining, block_size) <= free_blocks
+
+
+@ADMISSION_POLICIES.register("reserve-dynamic")
+class ReserveDynamic(AdmissionPolicy):
+    def admits(self, new, running, free_blocks, total_blocks, block_size):
+        if not super().admits(new, running, free_blocks, total_blocks, block_size):
+            return False
+        remaining = [predicted_remaining(v, self.use_upper) for v in [*running, new]]
+        known = [r for r in remaining if r is not None]
+        if not known:
+            return True
+        r_min = min(known)
+        need = sum(blocks(v.num_tokens + r_min, block_size) for v in running)
+        return need + blocks(new.num_tokens + r_min, block_size) <= total_blocks
+
+
+def make_admission(name: str, use_upper_end: bool = False) -> AdmissionPolicy:
+    return ADMISSION_POLICIES.get(name)(use_upper_end)

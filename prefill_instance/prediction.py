@@ -1,0 +1,76 @@
+"""The length predictor beside the prefill instance's main model (TetriInfer §3.3.2).
+
+Each prefilled sequence gets a predicted output bucket (`seq.extra["prediction"]`, a LengthHint)
+before it is dispatched, for the dispatcher's heavy/light split and the decode instance's
+admission policy. Sources:
+- a trained predictor directory (`splitserve predictor train`), served by the length predictor's
+  `PredictorService`: a classifier reads the prompt's tokens, in parallel with the prefill on its
+  own thread (or sequentially); a probe reads the main model's hidden state of the last prompt
+  token from the prefill forward itself, at no extra forward;
+- "oracle": max_tokens taken as the true length, bucketed (only meaningful for ignore-EOS
+  workloads, where every request runs to max_tokens: the paper's ideal predictor).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from common.protocol import LengthHint
+from common.sequence import Sequence
+
+log = logging.getLogger(__name__)
+WAIT_AT_DISPATCH_S = 0.05  # a late prediction is worth this much delay, not more
+
+
+def _hint(prediction) -> LengthHint:
+    return LengthHint(prediction.bucket, prediction.lower, prediction.upper)
+
+
+class PrefillPredictor:
+    def __init__(self, source: str, mode: str, oracle_granularity: int) -> None:
+        self.oracle_granularity = oracle_granularity
+        self.service = None
+        if source != "oracle":
+            from length_predictor.serving import PredictorService, ServiceOptions
+
+            self.service = PredictorService.from_directory(source, ServiceOptions(mode=mode))
+            log.info("length predictor %s loaded (%s)", source, mode)
+
+    @property
+    def wants_hidden(self) -> bool:
+        return self.service is not None and self.service.uses_hidden_states
+
+    def admit(self, seq: Sequence) -> None:
+        if self.service is None:
+            width = self.oracle_granularity
+            bucket = seq.sampling.max_tokens // width
+            seq.extra["prediction"] = LengthHint(bucket, bucket * width, (bucket + 1) * width)
+        elif not self.wants_hidden:
+            self.service.submit(seq.seq_id, seq.token_ids[:seq.num_prompt_tokens])
+
+    def absorb(self, hidden: dict, sequences: dict[str, Sequence]) -> None:
+        """Attach every prediction that is ready: from this forward's hidden states (probe) or
+        from the predictor's thread (classifier)."""
+        if self.service is None:
+            return
+        ready = self.service.from_hidden(hidden) if self.wants_hidden else self.service.poll()
+        for seq_id, prediction in ready.items():
+            seq = sequences.get(seq_id)
+            if seq is not None:
+                seq.extra["prediction"] = _hint(prediction)
+
+    def ensure(self, seq: Sequence) -> None:
+        """At dispatch: wait briefly for a prediction still being computed."""
+        if self.service is None or self.wants_hidden or "prediction" in seq.extra:
+            return
+        ready = self.service.wait([seq.seq_id], timeout=WAIT_AT_DISPATCH_S)
+        if seq.seq_id in ready:
+            seq.extra["prediction"] = _hint(ready[seq.seq_id])
+
+    def discard(self, seq_id: str) -> None:
+        if self.service is not None:
+            self.service.discard(seq_id)
+
+    def close(self) -> None:
+        if self.service is not None:
+            self.service.close()
