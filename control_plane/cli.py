@@ -115,7 +115,9 @@ def _add_profile(sub) -> None:
 
 def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("instance")
-    group.add_argument("--transfer", default="tcp", help="KV transfer backend: tcp or shm")
+    group.add_argument("--transfer", default="tcp",
+                       help="KV transfer backend: tcp, shm (same host), ucx (needs ucxx/ucx-py), "
+                            "cuda_ipc (same-host GPUs)")
     group.add_argument("--transfer-timeout", type=float, default=30.0)
     group.add_argument("--transfer-granularity", default="request", choices=["request", "chunk"],
                        help="hand KV over when the prompt is done, or chunk by chunk")

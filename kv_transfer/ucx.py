@@ -1,26 +1,25 @@
 """Transfer over UCX (ucx-py or ucxx): a listener answers block reads and writes, as tcp.py does.
 
 This module owns the "ucx" backend. UCX picks the transport per peer: RDMA (verbs) where a NIC
-has it, shared memory or CMA between processes of one host, TCP otherwise; `UCX_TLS` pins it
-(e.g. `UCX_TLS=tcp`), `ucx_info -d` lists what a host has.
+has it, shared memory or CMA on one host, TCP otherwise; `UCX_TLS` pins it (`UCX_TLS=tcp`).
 
-Server (every instance): a UCX listener. Each connected peer gets a handler that answers its
-requests in order. A request is a msgpack header naming block ids and the client's block layout
-(a peer with another layout is refused, not fed wrong bytes); a read is answered by a reply header
-and one message holding the blocks gathered into [layers, 2, n, block_size, kv_heads, head_dim];
-a write sends that message after its header. Client: one endpoint per peer. A request that fails
-or runs past its deadline aborts its endpoint, so a late reply is never taken for the next
-request's, and a restarted peer is reached through a fresh endpoint.
+Server: a UCX listener; each connected peer gets a handler that answers its requests in order. A
+request is a msgpack header naming block ids and the client's block layout (another layout is
+refused, not fed wrong bytes); a read is answered by a reply header and one message holding the
+blocks gathered into [layers, 2, n, block_size, kv_heads, head_dim]; a write sends that message
+after its header. Client: one endpoint per peer; a request that fails, is cancelled or runs past
+its deadline aborts the endpoint, so no late reply is taken for the next request's, and a
+restarted peer is reached through a fresh endpoint.
 
 The library is asyncio-only and its context is process-wide, bound to the loop that first used
-it: every UCX call of this process runs on one loop thread (`_Loop`), and the backend's worker
-thread waits on it. Received bytes land in a scratch buffer and are copied into the KV cache on
-the worker thread, after the request finished: a timed-out request cannot write into blocks
-that the caller has since freed (the base class's contract).
+it: every UCX call of this process runs on one loop thread (`_Loop`) and the worker thread waits
+on it. Received bytes land in a scratch buffer and are copied into the cache on the worker
+thread once the request has finished, so a timed-out request never writes into blocks the
+caller has since freed (the base class's contract).
 
-ucx-py (`import ucp`) is not installable here (its PyPI wheels are stubs that download from
-another index); its successor ucxx (`ucxx-cu12` on PyPI, same asyncio API, runs without a GPU)
-is, and is used when `ucp` is missing. With neither, constructing the backend raises one line.
+ucx-py (`import ucp`) does not install here (its PyPI wheels are stubs that download from
+another index); its successor ucxx (`ucxx-cu12` on PyPI: same asyncio API, runs without a GPU)
+does, and is used when `ucp` is missing. With neither, constructing the backend raises one line.
 """
 
 from __future__ import annotations
