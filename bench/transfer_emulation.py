@@ -137,12 +137,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--chunk-size", type=int, default=128)
     parser.add_argument("--out", default="results/transfer_emulation")
-    parser.add_argument("up_args", nargs="*", help="more flags for `splitserve up`, after --")
-    args = parser.parse_args()
+    args, up_args = parser.parse_known_args()  # the rest go to `splitserve up`
     run_transfer_emulation(EmulationOptions(
         bandwidths=tuple(args.bandwidths), num_requests=args.num_requests,
         prompt_words=args.prompt_words, max_tokens=args.max_tokens, chunk_size=args.chunk_size,
-        extra_args=tuple(args.up_args), out=args.out, log_dir=f"{args.out}/logs"))
+        extra_args=tuple(a for a in up_args if a != "--"), out=args.out,
+        log_dir=f"{args.out}/logs"))
 
 
 if __name__ == "__main__":
