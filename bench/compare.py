@@ -92,6 +92,11 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
     records = asyncio.run(run_load(url, model, requests, arrivals, ignore_eos=ignore_eos,
                                    progress=False))
     summary = summarize(records, run_duration(records))
+    per_token = [r.jct / r.output_tokens for r in records
+                 if r.error is None and r.jct and r.output_tokens]
+    summary["normalized_latency_s"] = ({"mean": statistics.mean(per_token),
+                                        "p95": statistics.quantiles(per_token, n=20)[-1]}
+                                       if len(per_token) > 1 else None)
     if cluster is not None:
         summary["cost"] = cost_report(summary, before, cluster.cluster())
     return summary
@@ -135,6 +140,8 @@ METRICS = {  # name -> (path in the summary, scale, unit)
     "JCT mean": (("jct_s", "mean"), 1e3, "ms"),
     "output tok/s": (("throughput", "output_tokens_per_s"), 1, ""),
     "perf/$": (("cost", "perf_per_dollar"), 1, "tok per busy-s"),
+    "norm. latency mean": (("normalized_latency_s", "mean"), 1e3, "ms/token"),
+    "norm. latency p95": (("normalized_latency_s", "p95"), 1e3, "ms/token"),
 }
 
 

@@ -459,6 +459,7 @@ BENCH_EXPERIMENTS = {
     "transfer-emulation": "bench.transfer_emulation",
     "transfer-throughput": "bench.transfer_throughput",
     "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
+    "interference": "bench.interference",
     "overload": "bench.overload",
 }
 
