@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Runs the measured experiments behind docs/ (each one writes JSON + PNG under docs/benchmarks/).
+# Run on a quiet machine: these are timings. Usage: scripts/run_experiments.sh [name ...]
+# Names: profile throughput emulation phase decode interference vllm ablation prefill workloads
+#        fastserve soak overload        (no name = all, in this order)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+S=".venv/bin/splitserve"
+OUT="docs/benchmarks"
+log() { echo "== $(date -u +%H:%M:%S) $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"; }
+
+run_profile() { log profile; $S profile --compare-hf --out $OUT/profile-cpu; }
+run_throughput() { log transfer throughput; $S bench transfer-throughput --out $OUT/transfer_throughput/transfer_throughput.json; }
+run_emulation() { log transfer emulation; $S bench transfer-emulation --out $OUT/transfer_emulation; }
+run_phase() {
+  log phase shift
+  $S up --port 8190 --prefill 2 --decode 1 --kv-memory-gib 0.5 --flip-policy load-ratio \
+     --flip-option cooldown_s=4 --flip-option sustain_ticks=5 \
+     --flip-option decode_capacity_seqs=16 --log-dir /tmp/phase-logs > /tmp/phase-up.log 2>&1 &
+  local pid=$!
+  until curl -sf localhost:8190/health > /dev/null; do sleep 1; done
+  $S bench phase-shift --url http://127.0.0.1:8190 --out $OUT/phase_shift || true
+  kill -INT $pid; wait $pid || true
+}
+run_decode() {
+  log decode experiments
+  $S bench decode-experiments intra --num-requests 256 --max-tokens 256 --out $OUT/decode_intra \
+     ${PREDICTOR:+--predictor $PREDICTOR}
+  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter
+}
+run_interference() { log interference; $S bench interference --out $OUT/interference; }
+run_vllm() {
+  log vLLM CPU vs splitserve
+  $S bench compare --systems disagg,vllm-cpu --num-requests 50 --rate 2 --max-tokens 128 \
+     --out $OUT/compare_vllm_cpu
+}
+run_ablation() {
+  log Sarathi-Serve ablation
+  $S bench compare --systems chunked-only,hybrid-only,sarathi --num-requests 128 --rate 2 \
+     --max-tokens 128 --ignore-eos --out $OUT/compare_sarathi_ablation
+}
+run_prefill() {
+  log prefill policies
+  $S bench compare --systems fcfs,sjf,ljf,sjf-128 --system "fcfs=--prefill-policy fcfs" \
+     --system "sjf=--prefill-policy sjf" --system "ljf=--prefill-policy ljf" \
+     --system "sjf-128=--prefill-policy sjf --prefill-sched-batch 128" \
+     --num-requests 64 --rate 1000 --max-tokens 2 --ignore-eos --out $OUT/compare_prefill_policies
+}
+run_workloads() {
+  for w in LPLD LPHD HPLD HPHD Mixed; do
+    log "workload $w"
+    $S bench compare --systems disagg,vllm --workload $w --num-requests 128 --rate 1 \
+       --max-tokens 512 --out $OUT/compare_$w
+  done
+}
+run_fastserve() {
+  log skip-join MLFQ
+  $S bench compare --systems vllm,fastserve-naive,fastserve --num-requests 64 --rate 2 \
+     --max-tokens 256 --ignore-eos --out $OUT/compare_fastserve
+}
+run_soak() { log soak; bash scripts/soak.sh "$OUT/soak"; }
+run_overload() { log overload; bash scripts/overload.sh "$OUT/overload"; }
+
+names=("$@")
+[ ${#names[@]} -eq 0 ] && names=(profile throughput emulation phase decode interference vllm ablation prefill workloads fastserve soak overload)
+for name in "${names[@]}"; do "run_$name"; done
+log done
