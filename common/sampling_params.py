@@ -9,6 +9,9 @@ from common.errors import InvalidRequestError
 _INT64 = (-2**63, 2**63 - 1)  # what msgpack carries between processes
 
 
+GREEDY_EPSILON = 1e-5
+
+
 class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     max_tokens: int = 16
     temperature: float = 1.0  # 0 = greedy
@@ -25,7 +28,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Below 1e-5 a temperature overflows the logits; it means greedy (vLLM does the same).
+        return self.temperature < GREEDY_EPSILON or self.top_k == 1
 
     def validate(self) -> "SamplingParams":
         if self.max_tokens < 1:

@@ -64,6 +64,8 @@ class Admission:
                 self.per_client[client] >= limits.max_streams_per_client:
             raise TooBusyError(f"at most {limits.max_streams_per_client} concurrent requests per "
                                f"client")
+        if self.registry.store_stale:
+            return  # queue lengths are frozen while the store is away: do not refuse on them
         if limits.max_prefill_queue_tokens:
             queued = sum(s.stats.num_queued_tokens + s.sent_tokens_since_report
                          for s in self.registry.routable("prefill"))

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
@@ -29,6 +30,7 @@ from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, 
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25
+LONG_TEXT_CHARS = 20_000
 
 
 class FlipBody(BaseModel):
@@ -59,7 +61,7 @@ class Api:
         self.gateway = gateway
         self.aliases = aliases | {gateway.served_name}
 
-    def prepare(self, body, chat: bool) -> tuple[list[int], object]:
+    async def prepare(self, body, chat: bool) -> tuple[list[int], object]:
         if body.model not in self.aliases:
             raise InvalidRequestError(f"the model `{body.model}` does not exist; this server "
                                       f"serves `{self.gateway.served_name}`")
@@ -68,19 +70,14 @@ class Api:
         if max_model_len is None:
             raise NoInstanceError("no instance has registered yet")
         tokenizer = self.gateway.tokenizer
-        if chat:
-            prompt_ids = tokenizer.encode_chat(body.template_messages())
-        elif isinstance(body.prompt, list):
-            prompt_ids = [int(t) for t in body.prompt]
-            if any(not 0 <= t < tokenizer.vocab_size for t in prompt_ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, "
-                                          f"{tokenizer.vocab_size})")
-        else:
-            prompt_ids = tokenizer.encode(body.prompt)
+        prompt_ids = await self._tokenize(body, chat)
         if not prompt_ids:
             raise InvalidRequestError("the prompt is empty")
         remaining = max_model_len - len(prompt_ids)
         default_max = remaining if chat else min(16, remaining)
+        cap = self.gateway.config.limits.max_output_tokens
+        if cap:
+            default_max = min(default_max, cap)
         params = body.sampling_params(max(default_max, 1), tokenizer.eos_token_ids)
         if len(prompt_ids) + params.max_tokens > max_model_len:
             raise InvalidRequestError(
@@ -89,15 +86,34 @@ class Api:
                 f"prompt, {params.max_tokens} for the completion)")
         return prompt_ids, params
 
+    async def _tokenize(self, body, chat: bool) -> list[int]:
+        """Prompt token ids; long texts are tokenized off the event loop so one large prompt
+        cannot stall every other stream."""
+        tokenizer = self.gateway.tokenizer
+        if not chat and isinstance(body.prompt, list):
+            prompt_ids = [int(t) for t in body.prompt]
+            if any(not 0 <= t < tokenizer.vocab_size for t in prompt_ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, "
+                                          f"{tokenizer.vocab_size})")
+            return prompt_ids
+        work = ((lambda: tokenizer.encode_chat(body.template_messages())) if chat
+                else (lambda: tokenizer.encode(body.prompt)))
+        size = sum(len(m.text()) for m in body.messages) if chat else len(body.prompt)
+        return await asyncio.to_thread(work) if size > LONG_TEXT_CHARS else work()
+
     async def handle(self, body, chat: bool, request: Request):
         admission = self.gateway.admission
         key = admission.authenticate(request.headers.get("authorization"))
         client = key or (request.client.host if request.client else "?")
-        prompt_ids, params = self.prepare(body, chat)
-        admission.check_sizes(len(prompt_ids), params.max_tokens)
-        admission.check_room(client)
-        handle = self.gateway.submit(prompt_ids, params)
+        admission.check_room(client)  # before any work: refusing must stay cheap under overload
         admission.acquire(client)
+        try:
+            prompt_ids, params = await self.prepare(body, chat)
+            admission.check_sizes(len(prompt_ids), params.max_tokens)
+            handle = self.gateway.submit(prompt_ids, params)
+        except BaseException:
+            admission.release(client)
+            raise
         builder = ResponseBuilder(chat, self.gateway.served_name)
         if body.stream:
             return StreamingResponse(self._stream(handle, builder, body.stream_options, client),
@@ -197,6 +213,11 @@ def _add_error_handlers(app: FastAPI, gateway: Gateway) -> None:
 
     retry_after = str(gateway.config.limits.retry_after_s)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request, exc: StarletteHTTPException):
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return _error(exc.status_code, str(exc.detail), kind)
+
     @app.exception_handler(NoInstanceError)
     async def _unavailable(_request, exc: NoInstanceError):
         rejected.inc()
@@ -257,12 +278,13 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
     @app.get("/cluster", dependencies=[Depends(admin)])
     async def cluster():
         monitor = gateway.monitor
-        try:
-            flips = gateway.store.flips()[:50]
+        try:  # off the event loop: the store may be slow or hung
+            flips = (await asyncio.wait_for(asyncio.to_thread(gateway.store.flips), 2.0))[:50]
         except Exception:  # store unreachable: the rest of the view is still useful
             flips = None
         return {"gateway": {"id": gateway.gateway_id, "inbox": gateway.inbox_address,
                             "leader": bool(monitor and monitor.is_leader),
+                            "store_reachable": not gateway.registry.store_stale,
                             "requests_in_flight": len(gateway.handles)},
                 "instances": gateway.registry.describe(), "flips": flips}
 

@@ -32,6 +32,10 @@ class InstanceRegistry:
     def __init__(self, instance_timeout_s: float) -> None:
         self.instance_timeout_s = instance_timeout_s
         self.instances: dict[str, InstanceState] = {}
+        self.store_stale = False  # the store is unreachable: loads are a frozen last view
+        # With a store, membership is the store's (sync); readiness does not also age here,
+        # so a slow store cannot make every instance look dead.
+        self.managed_by_store = False
 
     def report(self, stats: InstanceStats) -> bool:
         """Record a load report; True when the instance is new (or changed role)."""
@@ -52,6 +56,7 @@ class InstanceRegistry:
         An instance missing from the store is declared dead only once it has been missing for
         the instance timeout: right after the store restarts empty, live instances need one
         report interval to register again, and must not be taken for dead meanwhile."""
+        self.store_stale = False
         present = {s.instance_id for s in reports}
         for stats in reports:
             self.report(stats)
@@ -72,6 +77,7 @@ class InstanceRegistry:
 
     def touch_all(self) -> None:
         """The store is unreachable: keep the last view alive rather than declare all dead."""
+        self.store_stale = True
         now = time.monotonic()
         for state in self.instances.values():
             state.last_seen = now
@@ -82,6 +88,8 @@ class InstanceRegistry:
             state.flip_target = target_role
 
     def is_ready(self, state: InstanceState, now: float | None = None) -> bool:
+        if self.managed_by_store:
+            return True
         now = time.monotonic() if now is None else now
         return now - state.last_seen <= self.instance_timeout_s
 

@@ -141,10 +141,19 @@ class Gateway:
                     handle = self.handles.get(update.request_id)
                     if handle is not None:
                         handle.queue.put_nowait(update)
+                    elif update.finish_reason is None:
+                        self._stop_orphan(update)
             elif isinstance(message, InstanceStats):
                 self.monitor.on_stats(message)
             elif isinstance(message, FlipReport):
                 self.monitor.on_flip_report(message)
+
+    def _stop_orphan(self, update: TokenUpdate) -> None:
+        """Tokens for an attempt nobody waits for (abandoned, recovered elsewhere, or its
+        instance was thought dead and came back): tell the instance to stop."""
+        state = self.registry.get(update.instance_id)
+        if state is not None:
+            self.outbox.send(state.stats.inbox, AbortRequest(update.request_id, "orphaned"))
 
     async def _sweep_loop(self) -> None:
         """Close requests past their deadline whose stream never started (no reader left)."""

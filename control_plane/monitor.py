@@ -45,6 +45,7 @@ class ClusterMonitor:
         self.gateway_id, self.interval_s = gateway_id, interval_s
         self.watcher, self.on_removed = watcher, on_removed
         self.uses_store = not isinstance(store, InProcessStore)
+        registry.managed_by_store = self.uses_store
         self.is_leader = False
         self.recently_dead: dict[str, float] = {}
         self.recent_ttfts: deque[float] = deque(maxlen=50)
@@ -53,48 +54,64 @@ class ClusterMonitor:
         self.on_flip: Callable[[FlipReport], None] | None = None
 
     async def run(self) -> None:
+        """Every tick: store I/O on a worker thread (a hung Redis must never stall the event
+        loop), then the decisions here."""
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                self.tick()
+                self._apply(*(await asyncio.to_thread(self._fetch)))
             except Exception:  # the monitor must outlive any one bad tick
                 log.exception("cluster monitor tick failed")
 
     def tick(self) -> None:
-        removed = self._refresh()
+        """One tick, synchronously (tests and single-threaded use)."""
+        self._apply(*self._fetch())
+
+    def _fetch(self) -> tuple:
+        """(instance reports or None, store reachable, leader or None, flip reports)."""
+        reports, reachable, leader = None, True, None
+        if self.uses_store:
+            try:
+                reports = self.store.instances()
+            except StoreUnavailable:
+                reachable = False
+        try:
+            leader = self.store.try_lead(self.gateway_id, LEADER_TTL_FACTOR * self.interval_s)
+        except StoreUnavailable:
+            pass  # keep the last answer until the store is back
+        flips = self._flip_reports.poll(0.0) if self._flip_reports is not None else []
+        return reports, reachable, leader, flips
+
+    def _apply(self, reports, reachable: bool, leader: bool | None, flips: list) -> None:
+        removed = self._refresh(reports, reachable)
         if removed:
             now = time.monotonic()
             self.recently_dead.update({i: now for i in removed})
             log.warning("instances declared dead: %s", ", ".join(removed))
             self.on_removed(removed)
-        self._lead()
+        if leader is not None:
+            self.is_leader = leader
         if self.is_leader:
             self._broadcast()
-            self._drain_flip_reports()
+            for report in flips:
+                if isinstance(report, FlipReport):
+                    self.on_flip_report(report)
             self._watch()
         self._record_timeline()
 
     # -- registry ----------------------------------------------------------------------------
-    def _refresh(self) -> list[str]:
+    def _refresh(self, reports, reachable: bool) -> list[str]:
         if not self.uses_store:
             return self.registry.expire()
-        try:
-            return self.registry.sync(self.store.instances())
-        except StoreUnavailable:
+        if not reachable:
             self.registry.touch_all()
             return []
+        return self.registry.sync(reports)
 
     def on_stats(self, stats: InstanceStats) -> None:
         """A report pushed to this gateway's inbox (no store)."""
         if self.registry.report(stats) and stats.role == "decode":
             self._broadcast()
-
-    def _lead(self) -> None:
-        try:
-            self.is_leader = self.store.try_lead(self.gateway_id,
-                                                 LEADER_TTL_FACTOR * self.interval_s)
-        except StoreUnavailable:
-            pass  # keep the last answer until the store is back
 
     # -- broadcasts ----------------------------------------------------------------------------
     def _broadcast(self) -> None:
@@ -103,10 +120,7 @@ class ClusterMonitor:
                               if now - t < DEAD_MEMORY_S}
         view = ClusterView(self.registry.decode_peers(), time.time(), list(self.recently_dead))
         if self.uses_store:
-            try:
-                self.store.publish(CLUSTER_VIEW_CHANNEL, view)
-            except StoreUnavailable:
-                pass
+            self._in_background(self.store.publish, CLUSTER_VIEW_CHANNEL, view)
             return
         for state in self.registry.instances.values():  # decodes use the dead list too
             if self.registry.is_ready(state):
@@ -132,21 +146,23 @@ class ClusterMonitor:
     def on_flip_report(self, report: FlipReport) -> None:
         if self.on_flip is not None:
             self.on_flip(report)
-        try:
-            self.store.record_flip({"flip_id": report.flip_id, "instance_id": report.instance_id,
-                                    "from_role": report.from_role, "to_role": report.to_role,
-                                    "drain_seconds": report.drain_seconds,
-                                    "switch_seconds": report.switch_seconds,
-                                    "timestamp": report.timestamp})
-        except StoreUnavailable:
-            log.warning("flip %s not recorded: store unreachable", report.flip_id)
+        self._in_background(self.store.record_flip, {
+            "flip_id": report.flip_id, "instance_id": report.instance_id,
+            "from_role": report.from_role, "to_role": report.to_role,
+            "drain_seconds": report.drain_seconds, "switch_seconds": report.switch_seconds,
+            "timestamp": report.timestamp})
 
-    def _drain_flip_reports(self) -> None:
-        if self._flip_reports is None:
-            return
-        for message in self._flip_reports.poll(0.0):
-            if isinstance(message, FlipReport):
-                self.on_flip_report(message)
+    def _in_background(self, call, *args) -> None:
+        """A store write that must not block the event loop (Redis may hang)."""
+        def run():
+            try:
+                call(*args)
+            except StoreUnavailable as exc:
+                log.debug("store write skipped: %s", exc)
+        try:
+            asyncio.get_running_loop().run_in_executor(None, run)
+        except RuntimeError:  # no event loop (synchronous use): write here
+            run()
 
     def _watch(self) -> None:
         states = [s for s in self.registry.instances.values() if self.registry.is_ready(s)]

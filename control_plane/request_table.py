@@ -12,6 +12,8 @@ DECODING at the hand-off to a decode instance.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -19,6 +21,7 @@ from enum import Enum
 from common.store import ControlStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
+WRITE_QUEUE = 10_000
 
 
 class Phase(str, Enum):
@@ -56,11 +59,33 @@ class RequestTable:
     sees every request. Writes that fail because the store is unreachable are logged and
     dropped: the table informs, it never blocks serving."""
 
-    def __init__(self, store: ControlStore) -> None:
+    def __init__(self, store: ControlStore, background: bool = True) -> None:
         self.store = store
         self._warned = False
+        # Writes go through one thread so a slow or hung store never blocks request handling;
+        # a full queue drops writes (the table informs, it does not gate serving).
+        self._queue: queue.Queue | None = queue.Queue(maxsize=WRITE_QUEUE) if background else None
+        if background:
+            threading.Thread(target=self._writer, name="request-table", daemon=True).start()
 
     def _write(self, call, request_id: str, fields: dict) -> None:
+        if self._queue is None:
+            self._write_now(call, request_id, fields)
+            return
+        try:
+            self._queue.put_nowait((call, request_id, fields))
+        except queue.Full:
+            pass
+
+    def _writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                self._write_now(*item)
+            finally:
+                self._queue.task_done()
+
+    def _write_now(self, call, request_id: str, fields: dict) -> None:
         try:
             call(request_id, fields)
             self._warned = False
@@ -68,6 +93,13 @@ class RequestTable:
             if not self._warned:
                 log.warning("request table not updated (store unreachable): %s", exc)
                 self._warned = True
+
+    def flush(self, timeout_s: float = 5.0) -> None:
+        """Wait until queued writes are done (tests)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue is not None and self._queue.unfinished_tasks and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def create(self, record: RequestRecord) -> None:
         record.timestamps[record.phase.value] = record.arrival

@@ -10,6 +10,8 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 
 from common.messaging import Outbox
 from common.protocol import InstanceStats, Message
@@ -47,31 +49,52 @@ class GatewayLink(ControlLink):
 
 
 class StoreLink(ControlLink):
+    """Heartbeats go through a writer thread holding only the latest report, so a slow or hung
+    store never stalls the instance's loop (its sequences keep decoding meanwhile)."""
+
     def __init__(self, url: str, prefix: str, ttl_s: float) -> None:
         self.store = open_store(url, prefix)
         self.ttl_s = ttl_s
         self.view = self.store.subscribe(CLUSTER_VIEW_CHANNEL)
+        self._latest: InstanceStats | None = None
+        self._events: queue.Queue[Message] = queue.Queue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._warned = False
+        self._writer = threading.Thread(target=self._write_loop, name="store-link", daemon=True)
+        self._writer.start()
 
     def report(self, stats: InstanceStats) -> None:
-        try:
-            self.store.put_instance(stats, self.ttl_s)
-            self._warned = False
-        except StoreUnavailable as exc:
-            if not self._warned:
-                log.warning("control-plane store unreachable, still serving: %s", exc)
-                self._warned = True
+        self._latest = stats
+        self._wake.set()
 
     def notify(self, message: Message) -> None:
-        try:
-            self.store.publish(FLIP_REPORT_CHANNEL, message)
-        except StoreUnavailable as exc:
-            log.warning("could not publish %s: %s", type(message).__name__, exc)
+        self._events.put(message)
+        self._wake.set()
+
+    def _write_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(1.0)
+            self._wake.clear()
+            stats, self._latest = self._latest, None
+            try:
+                if stats is not None:
+                    self.store.put_instance(stats, self.ttl_s)
+                while not self._events.empty():
+                    self.store.publish(FLIP_REPORT_CHANNEL, self._events.get_nowait())
+                self._warned = False
+            except StoreUnavailable as exc:
+                if not self._warned:
+                    log.warning("control-plane store unreachable, still serving: %s", exc)
+                    self._warned = True
 
     def receive(self) -> list[Message]:
         return self.view.poll(0.0)
 
     def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._writer.join(timeout=3)
         self.view.close()
         self.store.close()
 

@@ -79,6 +79,9 @@ class InstanceMetrics:
             for metric in (self.queue, self.blocks):
                 metric.clear()  # series of the old role must not linger
             self.role = role
+            for counter in (self.transfer_bytes, self.transfer_failures, self.leases_expired,
+                            self.violations, self.busy):
+                counter.labels(**self._labels())  # exported as 0 before the first event
 
     def update(self, role: str, load: dict, free_blocks: int, total_blocks: int) -> None:
         self.set_role(role)

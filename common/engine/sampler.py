@@ -34,8 +34,10 @@ def _filter_top_p(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
     ps = torch.tensor(top_ps, device=logits.device, dtype=logits.dtype)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cumulative = sorted_logits.softmax(-1).cumsum(-1)
-    # Drop a token once the mass before it already reaches p (the top token always stays).
+    # Drop a token once the mass before it already reaches p; the top token always stays (a
+    # tiny p may round to 0 in float32).
     drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= ps[:, None]
+    drop_sorted[:, 0] = False
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
