@@ -2,10 +2,11 @@
 
 Every process binds one inbox and connects a PUSH socket to each peer it talks to, so messages
 between two processes keep their order. Sends never block: a peer that is gone or not reading
-makes sends fail (return False) once its queue is full, never hangs the sender. With cluster
-keys (common.security), every socket speaks CurveZMQ and inboxes admit only cluster members. Sockets close
-with linger 0, so a dead peer never holds up shutdown. A socket belongs to the thread (or event
-loop) that created it.
+makes sends fail (return False) once its queue is full, never hangs the sender. With cluster keys
+(common.security), every socket speaks CurveZMQ and inboxes admit only cluster members. Sockets
+close with linger 0, so a dead peer never holds up shutdown. A socket belongs to the thread (or
+event loop) that created it; the gateway's event loop sends through a plain `Outbox` (non-blocking
+sends need no asyncio) and receives through an `AsyncInbox`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from functools import wraps
 
 import redis

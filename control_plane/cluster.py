@@ -118,9 +118,9 @@ class InstanceRegistry:
         candidates = [s for s in self.entry_points() if s.stats.instance_id not in exclude]
         if not candidates:
             return None
-        return min(candidates, key=lambda s: (s.stats.num_queued_tokens + s.sent_tokens_since_report,
-                                              s.stats.num_waiting + s.sent_requests_since_report,
-                                              s.stats.instance_id))
+        return min(candidates, key=lambda s: (
+            s.stats.num_queued_tokens + s.sent_tokens_since_report,
+            s.stats.num_waiting + s.sent_requests_since_report, s.stats.instance_id))
 
     def note_sent(self, state: InstanceState, num_tokens: int) -> None:
         state.sent_tokens_since_report += num_tokens

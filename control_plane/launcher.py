@@ -7,7 +7,6 @@ and stops every instance on Ctrl-C or SIGTERM.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import logging
 import signal

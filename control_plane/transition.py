@@ -106,10 +106,12 @@ class LoadRatioPolicy(FlipPolicy):
         d_avg = sum(d_loads.values()) / len(d_loads)
         if p_avg >= self.min_load and p_avg > self.ratio * d_avg:
             target = min(d_loads, key=d_loads.get)
-            return FlipDecision(target, "prefill", f"prefill load {p_avg:.2f} vs decode {d_avg:.2f}")
+            return FlipDecision(target, "prefill",
+                                f"prefill load {p_avg:.2f} vs decode {d_avg:.2f}")
         if d_avg >= self.min_load and d_avg > self.ratio * p_avg:
             target = min(p_loads, key=p_loads.get)
-            return FlipDecision(target, "decode", f"decode load {d_avg:.2f} vs prefill {p_avg:.2f}")
+            return FlipDecision(target, "decode",
+                                f"decode load {d_avg:.2f} vs prefill {p_avg:.2f}")
         return None
 
 

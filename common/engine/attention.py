@@ -8,7 +8,8 @@ positions start at `num_cached` (the tokens already in the KV cache). Decode seg
            '----- decode tokens ----'------------- prefill chunks -----------------'
 
 Each layer first writes the new keys/values into their slots, then attends:
-- one-token segments (decodes) as one batched call: every sequence's blocks are gathered into a padded
+- one-token segments (decodes) as one batched call: every sequence's blocks are gathered into a
+  padded
   [B, L] view and masked past its length; grouped-query heads are folded into the query axis so
   no key/value is repeated;
 - each prefill chunk on its own, causally and aligned to the end of its context.

@@ -32,12 +32,14 @@ def stages_for(role: str, load: dict) -> dict[str, int]:
     stages = dict.fromkeys(STAGES, 0)
     stages["transferring"] = load.get("num_transferring", 0)
     if role == "decode":
-        stages["decode_waiting"], stages["decode_running"] = load["num_waiting"], load["num_running"]
+        stages["decode_waiting"] = load["num_waiting"]
+        stages["decode_running"] = load["num_running"]
     elif role == "prefill":
         stages["prefill_waiting"] = load["num_waiting"]
         stages["prefill_running"] = load["num_running"]
     else:  # coupled: waiting prompts, running sequences
-        stages["prefill_waiting"], stages["decode_running"] = load["num_waiting"], load["num_running"]
+        stages["prefill_waiting"] = load["num_waiting"]
+        stages["decode_running"] = load["num_running"]
     return stages
 
 

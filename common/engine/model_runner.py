@@ -49,7 +49,8 @@ def kv_layout_for(model: CausalLM, config: EngineConfig, dtype: str) -> KVLayout
 
 
 def attention_backend(device: torch.device, block_size: int):
-    """flash-attn's paged varlen kernel on CUDA when installed (block_size % 256 == 0), else torch."""
+    """flash-attn's paged varlen kernel on CUDA when installed (block_size % 256 == 0), else
+    torch."""
     if device.type == "cuda":
         from common.engine import attention_flash
 
@@ -79,8 +80,8 @@ class ModelRunner:
         shape = self.model.shape
         self.max_model_len = min(config.model.max_model_len or shape.max_position_embeddings,
                                  shape.max_position_embeddings)
-        self.kv_cache = KVCache(kv_layout_for(self.model, config, self.dtype_name), str(self.device),
-                                shared_memory=config.cache.shared_memory)
+        layout = kv_layout_for(self.model, config, self.dtype_name)
+        self.kv_cache = KVCache(layout, str(self.device), shared_memory=config.cache.shared_memory)
         self.sampler = Sampler(self.device, config.seed)
         self.attention_cls = attention_backend(self.device, config.cache.block_size)
         # The second KV tier for plans that swap; a role that preempts by swap attaches one.

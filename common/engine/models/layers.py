@@ -83,7 +83,8 @@ class RotaryEmbedding(nn.Module):
         self.cos.copy_(freqs.cos())
         self.sin.copy_(freqs.sin())
 
-    def table(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, positions: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows for `positions`, shaped [T, 1, head_dim / 2] to broadcast over heads."""
         return (self.cos[positions].to(dtype).unsqueeze(1),
                 self.sin[positions].to(dtype).unsqueeze(1))
@@ -143,7 +144,8 @@ class WeightLoader:
         missing = [name for name, p in self.params.items()
                    if name not in tied and self.filled.get(name, 0) != p.numel()]
         if missing:
-            raise ModelLoadError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:3]}")
+            raise ModelLoadError(f"checkpoint is missing {len(missing)} tensors, "
+                                 f"e.g. {missing[:3]}")
 
 
 class PackedLinear(nn.Module):
