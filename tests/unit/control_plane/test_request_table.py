@@ -11,7 +11,7 @@ from control_plane.request_table import Phase, RequestRecord, RequestTable
 
 @pytest.fixture
 def table():
-    return RequestTable(InProcessStore())
+    return RequestTable(InProcessStore(), background=False)
 
 
 def test_phase_finality():

