@@ -13,11 +13,19 @@ import os
 import sys
 
 from common.config import ConfigError
-from control_plane.cli_args import (CACHE_ENV, add_engine_args, add_gateway_args,
-                                    add_instance_args, add_store_args, engine_config,
-                                    gateway_config, instance_config, instance_passthrough,
-                                    known_policy)
 from common.errors import SplitserveError
+from control_plane.cli_args import (
+    CACHE_ENV,
+    add_engine_args,
+    add_gateway_args,
+    add_instance_args,
+    add_store_args,
+    engine_config,
+    gateway_config,
+    instance_config,
+    instance_passthrough,
+    known_policy,
+)
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
@@ -168,6 +176,29 @@ def _add_bench(sub) -> None:
     p.set_defaults(handler=_cmd_bench)
 
 
+_PREDICTOR_COMMANDS = {
+    "build-dataset": ("ShareGPT prompts + output-length labels for training",
+                      "add_build_dataset_args", "run_build_dataset"),
+    "train": ("train a length predictor (probe or classifier)", "add_train_args", "run_train"),
+    "eval": ("accuracy of trained predictors on a dataset's eval split", "add_eval_args",
+             "run_eval"),
+    "overhead": ("main-model prefill with vs without the predictor beside it",
+                 "add_overhead_args", "run_overhead"),
+}
+
+
+def _add_predictor(sub) -> None:
+    from length_predictor import cli as predictor_cli
+
+    p = sub.add_parser("predictor", help="build, train, evaluate and time the length predictor")
+    actions = p.add_subparsers(dest="predictor_command", required=True)
+    cache_dir = os.environ.get(CACHE_ENV, "~/.cache/splitserve")
+    for name, (help_text, add_name, run_name) in _PREDICTOR_COMMANDS.items():
+        action = actions.add_parser(name, help=help_text)
+        getattr(predictor_cli, add_name)(action, default_cache_dir=cache_dir)
+        action.set_defaults(handler=getattr(predictor_cli, run_name))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitserve", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
@@ -177,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench]
+_COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench,
+             _add_predictor]
 
 
 # `splitserve bench <experiment> ...` hands the rest of the command line to the experiment.

@@ -5,11 +5,15 @@ learning from real prefill hidden states of our ModelRunner."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 
+import httpx
 import pytest
 import torch
+from cluster_fixture import Cluster, run_load
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.config import EngineConfig, ModelConfig
 from common.engine.llm_engine import LLMEngine
@@ -101,3 +105,34 @@ def test_probe_learns_from_our_runners_prefill_hidden_states(tiny_models):
     head, _ = train_head(features[:240], labels[:240], 3, ProbeOptions(epochs=80))
     accuracy = (head(features[240:]).argmax(-1) == labels[240:]).float().mean().item()
     assert accuracy > 0.55, accuracy  # chance is 1/3
+
+
+def _predictions_scored(metrics_url: str) -> int:
+    families = text_string_to_metric_families(httpx.get(metrics_url + "/metrics").text)
+    return int(sum(sample.value for family in families for sample in family.samples
+                   if sample.name == "splitserve_length_predictions_total"))
+
+
+@pytest.mark.parametrize("kind", ["probe", "classifier"])
+def test_served_requests_carry_the_trained_predictors_buckets(dataset_dir, tiny_models, tmp_path,
+                                                              kind):
+    """A trained predictor beside the prefill instance: every request reaches decode with a
+    prediction, which decode scores against the realized length."""
+    out = tmp_path / kind
+    extra = (["--probe-epochs", 5] if kind == "probe" else
+             ["--backbone", tiny_models["llama"], "--num-layers", 0, "--max-steps", 2,
+              "--batch-size", 4])
+    assert _run(cli.add_train_args, cli.run_train, [
+        "--kind", kind, "--dataset", dataset_dir, "--out", out, "--granularity", 8,
+        "--no-eval", *extra]) == 0
+    cluster = Cluster("--model", str(tiny_models["llama"]), "--predictor", str(out),
+                      "--heavy-threshold", "8", log_dir=tmp_path)
+    try:
+        model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
+        outcomes = asyncio.run(run_load([cluster.url], 12, model, concurrency=6,
+                                        max_tokens=(4, 20)))
+        assert all(o["status"] == 200 and not o["error"] for o in outcomes)
+        decodes = [i for i in cluster.cluster()["instances"] if i["role"] == "decode"]
+        assert sum(_predictions_scored(d["metrics_url"]) for d in decodes) == 12
+    finally:
+        cluster.stop()
