@@ -15,8 +15,8 @@ one call of `run_at_rate(rate) -> summary` (bench.metrics.summarize's dict, opti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from common.config import ConfigError
 

@@ -12,8 +12,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import httpx
 from tqdm import tqdm

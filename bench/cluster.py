@@ -62,7 +62,7 @@ class ClusterProcess:
                 self.process.wait()
         self.log.close()
 
-    def __enter__(self) -> "ClusterProcess":
+    def __enter__(self) -> ClusterProcess:
         return self
 
     def __exit__(self, *_exc) -> None:

@@ -22,7 +22,7 @@ Percentiles use numpy's linear interpolation. Empty inputs give None, never an e
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

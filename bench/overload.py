@@ -33,8 +33,16 @@ from pathlib import Path
 import httpx
 
 from bench.metrics import stats
-from bench.soak import (StreamResult, auth_headers, cluster_view, integrity_violations,
-                        load_requests, payload_for, stream_completion, wait_drained)
+from bench.soak import (
+    StreamResult,
+    auth_headers,
+    cluster_view,
+    integrity_violations,
+    load_requests,
+    payload_for,
+    stream_completion,
+    wait_drained,
+)
 from bench.workload import poisson_arrivals
 
 PHASES = ("before", "burst", "after")

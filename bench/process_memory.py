@@ -57,7 +57,7 @@ class RssSampler:
             self.sample()
             self._stop.wait(self.interval_s)
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         self._start = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._thread.start()

@@ -19,8 +19,8 @@ as soon as every class has its quota.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 from bench.workload import BenchRequest, Tokenizer
 from common.config import ConfigError

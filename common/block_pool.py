@@ -14,7 +14,7 @@ ends. Block tables are append-only; freeing returns tail blocks first.
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class BlockPoolError(RuntimeError):

@@ -95,7 +95,7 @@ class EngineConfig:
     batch: BatchConfig = field(default_factory=BatchConfig)
     seed: int = 0
 
-    def with_model(self, **changes) -> "EngineConfig":
+    def with_model(self, **changes) -> EngineConfig:
         return replace(self, model=replace(self.model, **changes))
 
 

@@ -15,10 +15,10 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from common.errors import ModelLoadError
 

@@ -14,8 +14,15 @@ from functools import wraps
 import redis
 
 from common.protocol import CodecError, Message, decode, encode
-from common.store import (FINISHED_REQUEST_TTL_S, MAX_FLIPS, ControlStore, StoreUnavailable,
-                          Subscription, json_fields, parse_fields)
+from common.store import (
+    FINISHED_REQUEST_TTL_S,
+    MAX_FLIPS,
+    ControlStore,
+    StoreUnavailable,
+    Subscription,
+    json_fields,
+    parse_fields,
+)
 
 log = logging.getLogger(__name__)
 _RENEW_LEADER = """

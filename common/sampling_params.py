@@ -31,7 +31,7 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
         # Below 1e-5 a temperature overflows the logits; it means greedy (vLLM does the same).
         return self.temperature < GREEDY_EPSILON or self.top_k == 1
 
-    def validate(self) -> "SamplingParams":
+    def validate(self) -> SamplingParams:
         if self.max_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}")
         if not 0.0 <= self.temperature <= 100.0:

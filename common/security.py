@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import zmq
@@ -32,7 +32,7 @@ class ClusterKeys:
         return f"ClusterKeys(public={self.public.decode()[:8]}...)"
 
     @classmethod
-    def from_secret(cls, secret: bytes) -> "ClusterKeys":
+    def from_secret(cls, secret: bytes) -> ClusterKeys:
         seed = hashlib.sha256(b"splitserve-curve-v1" + secret).digest()
         secret_key = zmq.utils.z85.encode(seed)
         return cls(zmq.curve_public(secret_key), secret_key)
@@ -53,7 +53,7 @@ class ClusterKeys:
             key == self.public
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_keys(path: str | None) -> ClusterKeys | None:
     if not path:
         return None

@@ -33,8 +33,18 @@ FINISH_REASONS = {SequenceStatus.FINISHED_STOPPED: "stop",
 
 
 class Sequence:
-    __slots__ = ("seq_id", "token_ids", "num_prompt_tokens", "num_computed_tokens", "block_ids",
-                 "sampling", "status", "arrival_time", "max_model_len", "extra")
+    __slots__ = (
+        "arrival_time",
+        "block_ids",
+        "extra",
+        "max_model_len",
+        "num_computed_tokens",
+        "num_prompt_tokens",
+        "sampling",
+        "seq_id",
+        "status",
+        "token_ids",
+    )
 
     def __init__(self, seq_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                  max_model_len: int, arrival_time: float | None = None) -> None:

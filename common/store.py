@@ -107,7 +107,7 @@ class ControlStore(ABC):
 
 
 class _QueueSubscription(Subscription):
-    def __init__(self, store: "InProcessStore", channel: str) -> None:
+    def __init__(self, store: InProcessStore, channel: str) -> None:
         self.store, self.channel = store, channel
         self.queue: queue.Queue[Message] = queue.Queue()
 
@@ -226,5 +226,12 @@ def parse_fields(raw: dict) -> dict:
     return {(k.decode() if isinstance(k, bytes) else k): json.loads(v) for k, v in raw.items()}
 
 
-__all__ = ["ControlStore", "InProcessStore", "Subscription", "StoreUnavailable", "open_store",
-           "encode", "decode"]
+__all__ = [
+    "ControlStore",
+    "InProcessStore",
+    "StoreUnavailable",
+    "Subscription",
+    "decode",
+    "encode",
+    "open_store",
+]

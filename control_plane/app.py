@@ -17,16 +17,22 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import InvalidRequestError
-from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
 from control_plane.admission import BodyLimit, TooBusyError, UnauthorizedError
+from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
 from control_plane.monitor import FlipError
-from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, ResponseBuilder,
-                                      check_supported, error_body, usage)
+from control_plane.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseBuilder,
+    check_supported,
+    error_body,
+    usage,
+)
 
 log = logging.getLogger(__name__)
 DISCONNECT_POLL_S = 0.25

@@ -10,10 +10,21 @@ from __future__ import annotations
 import argparse
 import os
 
-from common.config import (BANDWIDTH_PRESETS, BatchConfig, CacheConfig, ConfigError,
-                           DecodeConfig, EmulationConfig, EngineConfig, GatewayConfig,
-                           InstanceConfig, LimitsConfig, ModelConfig, PrefillConfig,
-                           TransferConfig)
+from common.config import (
+    BANDWIDTH_PRESETS,
+    BatchConfig,
+    CacheConfig,
+    ConfigError,
+    DecodeConfig,
+    EmulationConfig,
+    EngineConfig,
+    GatewayConfig,
+    InstanceConfig,
+    LimitsConfig,
+    ModelConfig,
+    PrefillConfig,
+    TransferConfig,
+)
 
 CACHE_ENV = "SPLITSERVE_CACHE"
 API_KEY_ENV = "SPLITSERVE_API_KEY"

@@ -21,8 +21,8 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import zmq
 import zmq.asyncio
@@ -31,8 +31,14 @@ from common.config import GatewayConfig
 from common.detokenizer import TextStream
 from common.errors import SplitserveError
 from common.messaging import AsyncInbox, Outbox
-from common.protocol import (AbortRequest, FlipReport, GenerateRequest, InstanceStats,
-                             TokenBatch, TokenUpdate)
+from common.protocol import (
+    AbortRequest,
+    FlipReport,
+    GenerateRequest,
+    InstanceStats,
+    TokenBatch,
+    TokenUpdate,
+)
 from common.sampling_params import SamplingParams
 from common.security import load_keys, stop_guard
 from common.store import ControlStore, open_store

@@ -19,12 +19,17 @@ import logging
 import time
 import uuid
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from common.messaging import Outbox
 from common.protocol import ClusterView, FlipCommand, FlipReport, InstanceStats
-from common.store import (CLUSTER_VIEW_CHANNEL, FLIP_REPORT_CHANNEL, ControlStore, InProcessStore,
-                          StoreUnavailable)
+from common.store import (
+    CLUSTER_VIEW_CHANNEL,
+    FLIP_REPORT_CHANNEL,
+    ControlStore,
+    InProcessStore,
+    StoreUnavailable,
+)
 from control_plane.cluster import InstanceRegistry
 from control_plane.transition import TransitionWatcher, snapshot_now
 

@@ -24,7 +24,7 @@ from common.config import ConfigError
 from common.protocol import InstanceStats
 from common.registry import Registry
 
-FLIP_POLICIES: Registry[type["FlipPolicy"]] = Registry("flip policy")
+FLIP_POLICIES: Registry[type[FlipPolicy]] = Registry("flip policy")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from common.protocol import LengthHint
 from common.registry import Registry
 
-ADMISSION_POLICIES: Registry[type["AdmissionPolicy"]] = Registry("decode admission policy")
+ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry("decode admission policy")
 
 
 @dataclass(frozen=True)

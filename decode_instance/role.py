@@ -17,11 +17,20 @@ from __future__ import annotations
 import logging
 import time
 
+from common.engine.swap import attach_host_tier
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.engine.swap import attach_host_tier
-from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVChunkReady,
-                             KVTransferDone, KVTransferOffer, LengthHint, Message, TokenUpdate)
+from common.protocol import (
+    AbortRequest,
+    ClusterView,
+    GenerateRequest,
+    KVChunkReady,
+    KVTransferDone,
+    KVTransferOffer,
+    LengthHint,
+    Message,
+    TokenUpdate,
+)
 from common.schedulers.swapping import SwapSpace
 from common.transfer_errors import REJECTED
 from decode_instance.admission import SeqView, make_admission, predicted_output

@@ -9,8 +9,8 @@ newest sequence is preempted and later recomputed here, chunk by chunk, under th
 from __future__ import annotations
 
 from common.schedulers.coupled import StallFreeScheduler
-from decode_instance.admission import migrate
 from common.sequence import Sequence, SequenceStatus
+from decode_instance.admission import migrate
 
 
 class DecodeScheduler(StallFreeScheduler):

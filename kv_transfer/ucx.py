@@ -71,7 +71,7 @@ class _Reply(msgspec.Struct):
 class _Loop:
     """The process's one asyncio loop for UCX calls, on a daemon thread."""
 
-    _instance: "_Loop | None" = None
+    _instance: _Loop | None = None
     _lock = threading.Lock()
 
     def __init__(self) -> None:
@@ -79,7 +79,7 @@ class _Loop:
         threading.Thread(target=self.loop.run_forever, name="ucx-loop", daemon=True).start()
 
     @classmethod
-    def get(cls) -> "_Loop":
+    def get(cls) -> _Loop:
         with cls._lock:
             cls._instance = cls._instance or _Loop()
             return cls._instance

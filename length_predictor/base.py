@@ -26,7 +26,7 @@ DEFAULT_MAX_INPUT_TOKENS = 512  # TetriInfer's cutting limit for the predictor's
 
 # Kinds register when their module is imported; loading by name imports the module first.
 KIND_MODULES = {"classifier": "length_predictor.classifier", "probe": "length_predictor.probe"}
-PREDICTORS: Registry[type["LengthPredictor"]] = Registry("length predictor kind")
+PREDICTORS: Registry[type[LengthPredictor]] = Registry("length predictor kind")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PredictorMeta:
         return Bucketing(self.granularity, self.max_output_tokens)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "PredictorMeta":
+    def from_dict(cls, data: dict) -> PredictorMeta:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -129,7 +129,7 @@ class LengthPredictor(ABC):
     @classmethod
     @abstractmethod
     def load_weights(cls, meta: PredictorMeta, directory: Path,
-                     options: LoadOptions) -> "LengthPredictor":
+                     options: LoadOptions) -> LengthPredictor:
         """Rebuild a saved predictor."""
 
 

@@ -21,8 +21,13 @@ from pathlib import Path
 import torch
 
 from common.errors import InvalidRequestError, ModelLoadError
-from length_predictor.base import (PREDICTORS, LengthPredictor, LoadOptions, PredictorMeta,
-                                   cut_prompt)
+from length_predictor.base import (
+    PREDICTORS,
+    LengthPredictor,
+    LoadOptions,
+    PredictorMeta,
+    cut_prompt,
+)
 
 MODEL_DIR, TARGET_TOKENIZER_DIR = "model", "target_tokenizer"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -207,7 +212,7 @@ class ClassifierPredictor(LengthPredictor):
 
     @classmethod
     def load_weights(cls, meta: PredictorMeta, directory: Path,
-                     options: LoadOptions) -> "ClassifierPredictor":
+                     options: LoadOptions) -> ClassifierPredictor:
         from transformers import AutoModelForSequenceClassification
 
         model_dir = directory / MODEL_DIR

@@ -77,7 +77,7 @@ class Example:
                            "finish_reason": self.finish_reason}, ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, line: str) -> "Example":
+    def from_json(cls, line: str) -> Example:
         record = json.loads(line)
         return cls(record["id"], record["prompt"], record["prompt_token_ids"],
                    record["num_output_tokens"], record["finish_reason"])
@@ -157,8 +157,7 @@ def split_examples(examples: list[Example], eval_fraction: float,
 
 def _write_jsonl(path: Path, examples: list[Example]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
-        for example in examples:
-            handle.write(example.to_json() + "\n")
+        handle.writelines(example.to_json() + "\n" for example in examples)
 
 
 def _label_stats(examples: list[Example], cap: int) -> dict:

@@ -57,7 +57,7 @@ class FeatureExtractor:
 
     @classmethod
     def from_config(cls, config: EngineConfig,
-                    options: ExtractOptions = ExtractOptions()) -> "FeatureExtractor":
+                    options: ExtractOptions = ExtractOptions()) -> FeatureExtractor:
         return cls(ModelRunner(extractor_config(config, options)), options)
 
     @property

@@ -151,7 +151,7 @@ class ProbePredictor(LengthPredictor):
 
     @classmethod
     def load_weights(cls, meta: PredictorMeta, directory: Path,
-                     options: LoadOptions) -> "ProbePredictor":
+                     options: LoadOptions) -> ProbePredictor:
         path = directory / WEIGHTS_FILE
         if not path.is_file():
             raise InvalidRequestError(f"probe weights missing: {path}")

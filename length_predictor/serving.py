@@ -29,8 +29,12 @@ from pathlib import Path
 
 from common.config import ConfigError
 from common.errors import InvalidRequestError
-from length_predictor.base import (DEFAULT_MAX_INPUT_TOKENS, LengthPredictor, LoadOptions,
-                                   load_predictor)
+from length_predictor.base import (
+    DEFAULT_MAX_INPUT_TOKENS,
+    LengthPredictor,
+    LoadOptions,
+    load_predictor,
+)
 from length_predictor.buckets import LengthPrediction
 
 SERVICE_MODES = ("parallel", "sequential")
@@ -227,7 +231,7 @@ class PredictorService:
             self._thread.join()
             self._thread = None
 
-    def __enter__(self) -> "PredictorService":
+    def __enter__(self) -> PredictorService:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -22,7 +22,7 @@ from common.protocol import LengthHint, PeerInfo
 from common.registry import Registry
 from common.sequence import Sequence
 
-DISPATCHERS: Registry[type["Dispatcher"]] = Registry("dispatch policy")
+DISPATCHERS: Registry[type[Dispatcher]] = Registry("dispatch policy")
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from functools import lru_cache
+from functools import cache
 
 from common.engine.profile import recorded_chunk_size
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import (AbortRequest, ClusterView, GenerateRequest, KVTransferDone,
-                             KVTransferOffer, Message, TokenUpdate)
+from common.protocol import (
+    AbortRequest,
+    ClusterView,
+    GenerateRequest,
+    KVTransferDone,
+    KVTransferOffer,
+    Message,
+    TokenUpdate,
+)
 from common.sequence import Sequence
 from common.transfer_errors import REJECTED
 from prefill_instance.dispatcher import DISPATCHERS, DispatchOptions
@@ -35,7 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 256
 
 
-@lru_cache(maxsize=None)
+@cache
 def _recorded_chunk_size(cache_dir: str) -> int | None:
     return recorded_chunk_size(cache_dir)
 

@@ -34,7 +34,7 @@ class FlashAttention:
         self.num_stored = sum(s.num_tokens for s in stored)
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
-        as_int32 = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+        as_int32 = lambda v: torch.tensor(v, dtype=torch.int32, device=device)
         self.cu_q = as_int32([0] + _cumsum([s.num_tokens for s in stored]))
         self.cu_k = as_int32([0] + _cumsum([s.num_context for s in stored]))
         self.max_q = max((s.num_tokens for s in stored), default=0)

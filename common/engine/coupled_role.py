@@ -23,8 +23,14 @@ from dataclasses import dataclass, field
 from common.engine.swap import HostSwapSpace
 from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import (AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer,
-                             Message, TokenUpdate)
+from common.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    KVTransferDone,
+    KVTransferOffer,
+    Message,
+    TokenUpdate,
+)
 from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler, make_coupled_scheduler
 from common.schedulers.swapping import SwapSpace
 from common.sequence import Sequence
@@ -47,7 +53,7 @@ class CoupledSettings:
     policy_options: dict = field(default_factory=dict)  # e.g. FastServeOptions fields
 
     @classmethod
-    def from_config(cls, config) -> "CoupledSettings":
+    def from_config(cls, config) -> CoupledSettings:
         return cls(policy=config.coupled_policy, swap_blocks=config.coupled_swap_blocks,
                    swap_bandwidth_bytes_per_s=config.coupled_swap_bandwidth,
                    policy_options=dict(config.coupled_options))

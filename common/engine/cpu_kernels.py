@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -51,7 +51,7 @@ def _import_built(directory: Path):
     return module
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(cache_dir: str):
     """The compiled module, or None when it cannot be built here."""
     directory = build_dir(Path(cache_dir).expanduser())

@@ -45,7 +45,7 @@ class KVLayout:
     def bytes_per_block(self) -> int:
         return self.bytes_per_token * self.block_size
 
-    def with_num_blocks(self, num_blocks: int) -> "KVLayout":
+    def with_num_blocks(self, num_blocks: int) -> KVLayout:
         return KVLayout(self.num_layers, num_blocks, self.block_size, self.num_kv_heads,
                         self.head_dim, self.dtype)
 

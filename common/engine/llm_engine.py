@@ -8,8 +8,8 @@ a sequence that hits one is finished early and its text ends before the stop str
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from common.block_pool import KVCacheManager
 from common.config import EngineConfig

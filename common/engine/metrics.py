@@ -113,7 +113,7 @@ def serve_http(metrics: InstanceMetrics, host: str, port: int) -> ThreadingHTTPS
     """Start /health, /ready and /metrics on a daemon thread."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's naming)
+        def do_GET(self):
             if self.path == "/metrics":
                 self._reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
             elif self.path == "/health":

@@ -109,7 +109,7 @@ class ModelRunner:
             segments.append(Segment(len(input_ids), plan.num_padding_tokens, 0, [], store=False))
             input_ids.extend([0] * plan.num_padding_tokens)
             positions.extend(range(plan.num_padding_tokens))
-        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
+        as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)
         return FlatBatch(as_tensor(input_ids), as_tensor(positions), segments, sample_rows,
                          sample_chunks)
 

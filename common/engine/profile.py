@@ -154,7 +154,7 @@ def prefill_flops_per_token(runner: ModelRunner, num_tokens: int) -> float:
 
 
 def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
-    progress = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    progress = lambda msg: print(msg, file=sys.stderr, flush=True)
     runner = ModelRunner(config)
     bench = _Bench(runner)
     limits = machine_limits(runner.model.embed_tokens.weight.dtype)

@@ -32,14 +32,21 @@ import zmq
 
 from common.block_pool import KVCacheManager
 from common.config import InstanceConfig
+from common.engine.control_link import make_link
+from common.engine.metrics import InstanceMetrics, serve_http
 from common.engine.model_runner import ModelRunner
 from common.messaging import Inbox, Outbox
 from common.plan import BatchPlan, ModelOutput
-from common.engine.control_link import make_link
-from common.engine.metrics import InstanceMetrics, serve_http
+from common.protocol import (
+    FlipCommand,
+    FlipReport,
+    InstanceStats,
+    Message,
+    Shutdown,
+    TokenBatch,
+    TokenUpdate,
+)
 from common.security import load_keys, stop_guard
-from common.protocol import (FlipCommand, FlipReport, InstanceStats, Message, Shutdown,
-                             TokenBatch, TokenUpdate)
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02

@@ -20,8 +20,8 @@ chunked-only, hybrid-only) and `fastserve`. docs/coupled.md describes them all.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import fields
-from typing import Callable
 
 from common.block_pool import KVCacheManager
 from common.config import BatchConfig
@@ -31,7 +31,7 @@ from common.schedulers.base import Scheduler, SequenceUpdate
 from common.schedulers.swapping import SwapSpace
 from common.sequence import Sequence, SequenceStatus
 
-COUPLED_POLICIES: Registry[type["CoupledScheduler"]] = Registry("coupled policy")
+COUPLED_POLICIES: Registry[type[CoupledScheduler]] = Registry("coupled policy")
 
 
 class CoupledScheduler(Scheduler):
@@ -214,4 +214,4 @@ class StallFreeScheduler(CoupledScheduler):
 
 # NOTE: imported last, for their registration side effect; they import this module's names,
 # which exist by now.
-from common.schedulers import baselines, fastserve  # noqa: E402,F401
+from common.schedulers import baselines, fastserve  # noqa: F401

@@ -19,7 +19,7 @@ forward in the same plan.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from common.block_pool import BlockPool, BlockPoolError, KVCacheManager
 from common.sequence import Sequence

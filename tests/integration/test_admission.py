@@ -6,7 +6,6 @@ import asyncio
 
 import httpx
 import pytest
-
 from cluster_fixture import Cluster
 
 KEY = "test-key-7f3a"

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 
-
 def run_cli(*args, timeout=300):
     return subprocess.run([sys.executable, "-m", "control_plane.cli", *args],
                           capture_output=True, text=True, timeout=timeout,

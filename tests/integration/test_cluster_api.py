@@ -11,7 +11,6 @@ import time
 import httpx
 import openai
 import pytest
-
 from cluster_fixture import ROOT, Cluster
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -106,9 +105,10 @@ def test_32_concurrent_streams_complete_with_correct_usage(cluster):
                                           for i in range(32)))
 
     results = asyncio.run(run())
+    from pathlib import Path
+
     from common.model_files import resolve_model
     from common.tokenizer import TextTokenizer
-    from pathlib import Path
     tokenizer = TextTokenizer(resolve_model(None, Path("~/.cache/splitserve").expanduser()).hf_dir)
     for index, (text, usage) in enumerate(results):
         assert usage["completion_tokens"] == 20, usage

@@ -8,7 +8,6 @@ import signal
 import time
 
 import httpx
-
 from cluster_fixture import Cluster
 
 MODEL = "SmolLM2-135M-Instruct"

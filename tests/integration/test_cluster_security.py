@@ -6,8 +6,8 @@ import time
 
 import httpx
 import zmq
-
 from cluster_fixture import Cluster
+
 from common.protocol import GenerateRequest, encode
 from common.sampling_params import SamplingParams
 

@@ -14,7 +14,6 @@ import uuid
 
 import httpx
 import pytest
-
 from cluster_fixture import Cluster, GatewayProcess, RedisServer, run_load
 
 REDIS = "redis://127.0.0.1:6379/14"

@@ -22,9 +22,8 @@ import time
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from cluster_fixture import Cluster, RedisServer, run_load
+from prometheus_client.parser import text_string_to_metric_families
 
 LOAD_TIMEOUT_S = 120.0  # the whole load must end within this (no hung request)
 

@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
-
 from cluster_fixture import Cluster
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from hypothesis.errors import Unsatisfiable  # noqa: E402
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 try:  # the dev extra; without it only the schema-driven half is skipped
     import schemathesis

@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from cluster_fixture import Cluster, run_load
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def _metric(url: str, name: str, **labels) -> float:

@@ -15,7 +15,6 @@ import time
 
 import httpx
 import pytest
-
 from cluster_fixture import Cluster, run_load
 
 SLOW_LINK = ["--emulate-bandwidth", "4e7", "--emulate-bytes-per-token", "819200"]

@@ -8,7 +8,7 @@ from common.engine.models import llama, opt  # noqa: F401  (registration)
 from common.engine.models.base import MODEL_REGISTRY, CausalLM, ModelShape
 from common.errors import ModelLoadError
 
-__all__ = ["CausalLM", "ModelShape", "build_model", "MODEL_REGISTRY"]
+__all__ = ["MODEL_REGISTRY", "CausalLM", "ModelShape", "build_model"]
 
 
 def model_class(hf_config: dict) -> type[CausalLM]:

@@ -9,8 +9,8 @@ caller selects.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ class CausalLM(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attention: "AttentionContext") -> torch.Tensor:  # noqa: F821
+                attention: AttentionContext) -> torch.Tensor:  # noqa: F821
         """input_ids, positions: [T] int64. Returns hidden states [T, hidden_size]."""
 
     @abstractmethod

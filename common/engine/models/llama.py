@@ -7,7 +7,7 @@ into row ranges of the fused weights.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

@@ -7,7 +7,7 @@ embedding width differs from the hidden size (OPT-350m).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn

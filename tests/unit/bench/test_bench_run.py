@@ -8,8 +8,7 @@ import json
 import pytest
 
 from bench.client import RequestRecord
-from bench.run import (BenchOptions, add_bench_args, build_report, format_summary,
-                       options_from_args)
+from bench.run import BenchOptions, add_bench_args, build_report, format_summary, options_from_args
 from bench.workload import BenchRequest
 from common.config import ConfigError
 

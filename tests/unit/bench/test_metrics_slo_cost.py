@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench.client import RequestRecord
-from bench.metrics import (cost_report, goodput, meets_slo, perf_per_dollar, resource_usage,
-                           summarize)
+from bench.metrics import (
+    cost_report,
+    goodput,
+    meets_slo,
+    perf_per_dollar,
+    resource_usage,
+    summarize,
+)
 
 
 def record(index, ttft, gaps, error=None, output_tokens=None):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.workloads import (ClassThresholds, class_quotas, describe, history_pairs,
-                             sample_workload)
+from bench.workloads import ClassThresholds, class_quotas, describe, history_pairs, sample_workload
 from common.config import ConfigError
 
 # Scaled-down thresholds: prompt > 5 words is heavy prefill, reply > 3 words is heavy decode.

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from unit.common.coupled_fixtures import make, run_to_completion, seq, shape, step
 
 from common.schedulers.coupled import COUPLED_POLICIES, make_coupled_scheduler
 from common.sequence import SequenceStatus
-from unit.common.coupled_fixtures import make, run_to_completion, seq, shape, step
 
 
 def test_registry_names_every_policy():

@@ -6,12 +6,12 @@ import itertools
 import random
 
 import pytest
+from unit.common.coupled_fixtures import FakeKV, make, run_to_completion, seq, shape, step
 
 from common.config import ConfigError
 from common.schedulers.fastserve import FastServeOptions
 from common.schedulers.mlfq import SkipJoinMLFQ
 from common.sequence import SequenceStatus
-from unit.common.coupled_fixtures import FakeKV, make, run_to_completion, seq, shape, step
 
 # q1 = 1 s, so the quanta are 1, 2, 4, 8 and a prompt of n tokens costs max(1, n / 4) seconds.
 OPTIONS = dict(seconds_per_decode_iteration=1.0, seconds_per_prefill_token=0.25, num_queues=4,

@@ -8,11 +8,25 @@ import msgspec
 import pytest
 
 from common import protocol
-from common.protocol import (AbortRequest, ClusterView, CodecError, FlipCommand, FlipReport,
-                             KVChunkReady,
-                             GenerateRequest,
-                             InstanceStats, KVTransferDone, KVTransferOffer, Message, PeerInfo,
-                             Shutdown, TokenBatch, TokenUpdate, decode, encode)
+from common.protocol import (
+    AbortRequest,
+    ClusterView,
+    CodecError,
+    FlipCommand,
+    FlipReport,
+    GenerateRequest,
+    InstanceStats,
+    KVChunkReady,
+    KVTransferDone,
+    KVTransferOffer,
+    Message,
+    PeerInfo,
+    Shutdown,
+    TokenBatch,
+    TokenUpdate,
+    decode,
+    encode,
+)
 from common.sampling_params import SamplingParams
 
 # Non-default values everywhere, so a field dropped or mistyped by the codec shows up.

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from unit.common.coupled_fixtures import FakeKV, make, seq, shape
 
 from common.block_pool import BlockPoolError, KVCacheManager
 from common.plan import BatchPlan
 from common.schedulers.swapping import SwapSpace
 from common.sequence import SequenceStatus
-from unit.common.coupled_fixtures import FakeKV, make, seq, shape
 
 
 def prefilled(kv, seq_id, num_tokens):

@@ -7,8 +7,14 @@ from pydantic import ValidationError
 
 from common.errors import InvalidRequestError
 from common.sampling_params import SamplingParams
-from control_plane.openai_api import (ChatCompletionRequest, CompletionRequest, ResponseBuilder,
-                                      check_supported, error_body, usage)
+from control_plane.openai_api import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseBuilder,
+    check_supported,
+    error_body,
+    usage,
+)
 
 EOS = (2, 32000)
 

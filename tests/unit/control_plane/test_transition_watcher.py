@@ -6,8 +6,14 @@ import pytest
 
 from common.config import ConfigError
 from common.protocol import InstanceStats
-from control_plane.transition import (FlipDecision, IdlePolicy, LoadRatioPolicy, PoolSnapshot,
-                                      QueueDelayPolicy, TransitionWatcher, make_watcher)
+from control_plane.transition import (
+    IdlePolicy,
+    LoadRatioPolicy,
+    PoolSnapshot,
+    QueueDelayPolicy,
+    TransitionWatcher,
+    make_watcher,
+)
 
 
 def inst(instance_id, role, queued=0, running=0, waiting=0):

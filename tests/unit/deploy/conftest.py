@@ -14,7 +14,7 @@ import pytest
 # The test modules import their shared helpers (deploy_support.py) from this directory.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from deploy_support import CHART, VALUES_FILES, render_values, values_of  # noqa: E402
+from deploy_support import CHART, VALUES_FILES, render_values, values_of
 
 
 def _load_helm():

@@ -14,12 +14,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
-
+import tomllib
 from deploy_support import DEPLOY, ROOT
 
 DOCKER = DEPLOY / "docker"

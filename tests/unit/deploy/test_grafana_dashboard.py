@@ -7,7 +7,6 @@ import json
 import re
 
 import pytest
-
 from deploy_support import DEPLOY
 
 promql = pytest.importorskip("promql_parser",

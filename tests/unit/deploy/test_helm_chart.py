@@ -10,7 +10,6 @@ from unittest import mock
 
 import pytest
 import yaml
-
 from deploy_support import CHART, NAMESPACE, RELEASE, VALUES_FILES, values_of
 
 kubernetes_validate = pytest.importorskip(
@@ -530,7 +529,7 @@ def test_readme_documents_every_value(chart):
     missing = [leaf for leaf in leaves if f"`{leaf}`" not in readme]
     assert not missing, f"values missing from the chart README: {missing}"
     # and the README names no value that does not exist
-    rows = re.findall(r"^\| `([a-zA-Z.]+)`(?: / `([a-zA-Z.]+)`)? \|", readme, flags=re.M)
+    rows = re.findall(r"^\| `([a-zA-Z.]+)`(?: / `([a-zA-Z.]+)`)? \|", readme, flags=re.MULTILINE)
     named = {name for row in rows for name in row if name}
     assert named and named <= set(leaves), sorted(named - set(leaves))
 
@@ -540,7 +539,7 @@ def test_readme_defaults_match_values_yaml():
     readme = (CHART / "README.md").read_text()
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     checked = 0
-    for keys, defaults in re.findall(r"^\| (`[^|]+`) \| (`[^|]+`) \|", readme, flags=re.M):
+    for keys, defaults in re.findall(r"^\| (`[^|]+`) \| (`[^|]+`) \|", readme, flags=re.MULTILINE):
         names = re.findall(r"`([a-zA-Z.]+)`", keys)
         cells = [c.strip() for c in defaults.split(" / ")]
         if len(cells) != len(names) or not all(re.fullmatch(r"`[^`]*`", c) for c in cells):

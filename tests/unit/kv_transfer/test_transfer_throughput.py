@@ -8,8 +8,13 @@ import json
 import pytest
 import torch
 
-from bench.transfer_throughput import (ThroughputOptions, check_blocks, fill_pattern, main,
-                                       run_transfer_throughput)
+from bench.transfer_throughput import (
+    ThroughputOptions,
+    check_blocks,
+    fill_pattern,
+    main,
+    run_transfer_throughput,
+)
 from common.engine.kv_cache import KVCache, KVLayout
 
 SIZES = (64 << 10, 256 << 10)

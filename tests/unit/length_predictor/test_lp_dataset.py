@@ -9,8 +9,13 @@ import pytest
 from common.config import ConfigError, EngineConfig, ModelConfig
 from common.errors import InvalidRequestError
 from common.tokenizer import TextTokenizer
-from length_predictor.dataset import (DatasetOptions, Example, build_dataset, load_dataset,
-                                      split_examples)
+from length_predictor.dataset import (
+    DatasetOptions,
+    Example,
+    build_dataset,
+    load_dataset,
+    split_examples,
+)
 
 
 def _examples(n: int) -> list[Example]:

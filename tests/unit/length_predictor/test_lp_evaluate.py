@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from length_predictor.buckets import Bucketing
-from length_predictor.evaluate import (bucket_metrics, confusion_png, majority_bucket,
-                                       markdown_table)
+from length_predictor.evaluate import bucket_metrics, confusion_png, majority_bucket, markdown_table
 
 
 def test_metrics_count_exact_and_adjacent_hits():

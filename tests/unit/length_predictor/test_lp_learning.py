@@ -9,8 +9,14 @@ import torch
 
 from common.errors import InvalidRequestError
 from length_predictor.base import LoadOptions, PredictorMeta, load_predictor
-from length_predictor.classifier import (ClassifierOptions, ClassifierPredictor, TokenBridge,
-                                         fit, freeze_for_training, load_backbone)
+from length_predictor.classifier import (
+    ClassifierOptions,
+    ClassifierPredictor,
+    TokenBridge,
+    fit,
+    freeze_for_training,
+    load_backbone,
+)
 from length_predictor.probe import ProbeHead, ProbeOptions, ProbePredictor, train_head
 
 VOCAB = 64

@@ -7,8 +7,14 @@ from collections import Counter
 from common.protocol import LengthHint, PeerInfo
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
-from prefill_instance.dispatcher import (DispatchOptions, Imbalance, LeastLoaded, PowerOfTwo,
-                                         RandomChoice, heavy_light_ratio)
+from prefill_instance.dispatcher import (
+    DispatchOptions,
+    Imbalance,
+    LeastLoaded,
+    PowerOfTwo,
+    RandomChoice,
+    heavy_light_ratio,
+)
 
 OPTIONS = DispatchOptions(heavy_threshold=128, block_size=16, seed=1)
 
