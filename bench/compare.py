@@ -69,6 +69,25 @@ def system_args(name: str, options: CompareOptions) -> list[str] | None:
     return args
 
 
+class VllmCpuSystem:
+    """vLLM's CPU build (bench/vllm_baseline.py) with the default model, two threads: the same
+    cores the splitserve layouts get."""
+
+    def __init__(self, log: Path) -> None:
+        from bench.cluster import free_port
+        from bench.vllm_baseline import SERVED_MODEL_NAME, default_model_dir, start_vllm
+
+        self.served_name = SERVED_MODEL_NAME
+        self.server = start_vllm(default_model_dir(), port=free_port(), threads=2, log_path=log)
+        self.url = self.server.url
+
+    def model(self) -> str:
+        return self.served_name
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
 def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
     """(requests, ignore_eos) for one seed."""
     tokenizer = load_tokenizer(BenchOptions())
@@ -106,9 +125,7 @@ def run_system(name: str, options: CompareOptions) -> list[dict]:
     args = system_args(name, options)
     log = Path(options.out) / "logs" / f"{name}.log"
     if args is None:
-        from bench.vllm_baseline import start_vllm_default
-
-        server, cluster = start_vllm_default(log), None
+        server, cluster = VllmCpuSystem(log), None
     else:
         server = cluster = ClusterProcess([*args, *options.extra_args], log)
     try:
