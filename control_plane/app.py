@@ -44,8 +44,16 @@ class FlipBody(BaseModel):
     role: str
 
 
+class ErrorResponse(JSONResponse):
+    """Error JSON escaped to ASCII: an error may quote the client's own text back (a model name),
+    and a lone surrogate in it cannot be encoded as UTF-8, which would turn a 4xx into a 500."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param, status), status_code=status)
+    return ErrorResponse(error_body(message, kind, param, status), status_code=status)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -44,6 +44,16 @@ class _CommonRequest(BaseModel):
     frequency_penalty: float | None = 0.0
     user: str | None = None
 
+    @field_validator("stop")
+    @classmethod
+    def _stop_is_valid_unicode(cls, value):
+        for text in [value] if isinstance(value, str) else value or []:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate ("\\udfff" in JSON)
+                raise ValueError("stop strings must be valid Unicode (lone surrogate)") from None
+        return value
+
     def unsupported(self) -> str | None:
         if self.n != 1:
             return "only n=1 is supported"

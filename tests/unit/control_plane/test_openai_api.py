@@ -75,6 +75,12 @@ def test_stop_forms(stop, expected):
     assert req.sampling_params(16, EOS).stop == expected
 
 
+@pytest.mark.parametrize("stop", ["a\udfffb", ["ok", "\ud800"]])
+def test_stop_with_a_lone_surrogate_is_refused(stop):
+    with pytest.raises(ValidationError, match="lone surrogate"):
+        completion(stop=stop)
+
+
 def test_prompt_forms():
     assert completion(prompt=["only one"]).prompt == "only one"
     assert completion(prompt=[1, 2, 3]).prompt == [1, 2, 3]
