@@ -8,8 +8,9 @@ per system: TTFT (mean/p50/p99), TPOT (p50/p99), p99 TBT, JCT, throughput, resou
 
 Hardware is shared equally: on this 2-core machine the disaggregated cluster runs one prefill
 and one decode instance with one torch thread each; a co-located system runs one instance with
-two threads (`layout=equal`), or two instances with one thread each behind the gateway
-(`layout=paper`: the same number of instances as the disaggregated cluster).
+two threads (`layout=equal`), two instances with one thread each behind the gateway
+(`layout=replicas`), or one instance with one thread (`layout=paper`: TetriInfer's setup, where
+the disaggregated cluster had twice the baseline's accelerators; compare through perf/$).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def system_args(name: str, options: CompareOptions) -> list[str] | None:
     if SYSTEM_ARGS[name] is not None:
         return list(SYSTEM_ARGS[name])
     policy = "fastserve" if name == "fastserve-naive" else name
-    count, threads = ("2", "1") if options.layout == "paper" else ("1", "2")
+    count, threads = {"equal": ("1", "2"), "replicas": ("2", "1"), "paper": ("1", "1")}[
+        options.layout]
     args = ["--prefill", "0", "--decode", "0", "--coupled", count, "--policy", policy,
             "--threads-per-instance", threads]
     if name == "fastserve-naive":
@@ -242,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--layout", default="equal", choices=["equal", "paper"])
+    parser.add_argument("--layout", default="equal", choices=["equal", "replicas", "paper"])
     parser.add_argument("--out", default="results/compare")
     args, up_args = parser.parse_known_args(argv)
     run_compare(CompareOptions(

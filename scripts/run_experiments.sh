@@ -31,26 +31,30 @@ run_decode() {
 run_interference() { log interference; $S bench interference --out $OUT/interference; }
 run_vllm() {
   log vLLM CPU vs splitserve
-  $S bench compare --systems disagg,vllm-cpu --num-requests 50 --rate 2 --max-tokens 128 \
+  $S bench compare --systems disagg,sarathi,vllm-cpu --num-requests 50 --rate 2 --max-tokens 128 \
      --out $OUT/compare_vllm_cpu
 }
 run_ablation() {
   log Sarathi-Serve ablation
-  $S bench compare --systems chunked-only,hybrid-only,sarathi --num-requests 128 --rate 2 \
+  $S bench compare --systems chunked-only,hybrid-only,sarathi --num-requests 96 --rate 2 \
      --max-tokens 128 --ignore-eos --out $OUT/compare_sarathi_ablation
 }
 run_prefill() {
   log prefill policies
-  $S bench compare --systems fcfs,sjf,ljf,sjf-128 --system "fcfs=--prefill-policy fcfs" \
+  $S bench compare --systems vllm-1t,fcfs,sjf,ljf,sjf-128 --system "fcfs=--prefill-policy fcfs" \
+     --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
      --system "sjf=--prefill-policy sjf" --system "ljf=--prefill-policy ljf" \
      --system "sjf-128=--prefill-policy sjf --prefill-sched-batch 128" \
      --num-requests 64 --rate 1000 --max-tokens 2 --ignore-eos --out $OUT/compare_prefill_policies
 }
+# 32 requests per workload keep the five workloads (3 systems x 3 seeds) near 45 minutes on 2
+# cores. vllm-1t is the paper's hardware ratio: TetriInfer (1P+1D) had twice vLLM's cards.
 run_workloads() {
   for w in LPLD LPHD HPLD HPHD Mixed; do
     log "workload $w"
-    $S bench compare --systems disagg,vllm --workload $w --num-requests 128 --rate 1 \
-       --max-tokens 512 --out $OUT/compare_$w
+    $S bench compare --systems disagg,vllm,vllm-1t --workload $w --num-requests 32 --rate 1 \
+       --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
+       --max-tokens 256 --out $OUT/compare_$w
   done
 }
 run_fastserve() {

@@ -1,0 +1,56 @@
+"""`splitserve bench compare`: the systems' flags per layout, and the seed aggregation."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.compare import CompareOptions, aggregate, system_args, table
+
+
+def threads_and_count(args: list[str]) -> tuple[str, str]:
+    return args[args.index("--coupled") + 1], args[args.index("--threads-per-instance") + 1]
+
+
+@pytest.mark.parametrize("layout, expected", [
+    ("equal", ("1", "2")), ("replicas", ("2", "1")), ("paper", ("1", "1"))])
+def test_coupled_layouts_share_the_cores_as_documented(layout, expected):
+    args = system_args("sarathi", CompareOptions(layout=layout))
+    assert threads_and_count(args) == expected
+    assert args[args.index("--policy") + 1] == "sarathi"
+
+
+def test_the_disaggregated_cluster_gets_one_core_per_instance_in_every_layout():
+    for layout in ("equal", "replicas", "paper"):
+        args = system_args("disagg", CompareOptions(layout=layout))
+        assert args[args.index("--prefill") + 1] == args[args.index("--decode") + 1] == "1"
+        assert args[args.index("--threads-per-instance") + 1] == "1"
+
+
+def test_naive_fastserve_is_fastserve_without_skip_join():
+    args = system_args("fastserve-naive", CompareOptions())
+    assert args[args.index("--policy") + 1] == "fastserve"
+    assert "skip_join=0" in args
+
+
+def test_custom_systems_override_and_vllm_cpu_is_external():
+    options = CompareOptions(custom=("fcfs=--prefill-policy fcfs --prefill 2",))
+    assert system_args("fcfs", options) == ["--prefill-policy", "fcfs", "--prefill", "2"]
+    assert system_args("vllm-cpu", options) is None
+    with pytest.raises(ValueError, match="unknown system 'nope'"):
+        system_args("nope", options)
+
+
+def run(ttft_mean: float, tokens_per_s: float, errors: int = 0) -> dict:
+    return {"ttft_s": {"mean": ttft_mean, "p50": ttft_mean, "p99": 2 * ttft_mean},
+            "throughput": {"output_tokens_per_s": tokens_per_s}, "num_errors": errors}
+
+
+def test_aggregate_reports_mean_and_spread_over_seeds_in_display_units():
+    result = aggregate([run(0.1, 100.0), run(0.3, 110.0, errors=1)])
+    assert result["TTFT mean"]["mean"] == pytest.approx(200.0)  # seconds shown as ms
+    assert result["TTFT mean"]["std"] == pytest.approx(141.42, rel=1e-3)
+    assert result["output tok/s"]["mean"] == pytest.approx(105.0)
+    assert result["TPOT p50"] == {"mean": None, "std": 0.0}  # absent in every run
+    assert result["errors"] == 1
+    row = table({"sys": result}).splitlines()[2]
+    assert row.startswith("| sys | 200.0 ± 141.4 |") and row.endswith("| 1 |")
