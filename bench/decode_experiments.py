@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def _run(args: list[str], requests: list[BenchRequest], log: Path) -> tuple[list
         return records, cluster.cluster()
 
 
+def _error_counts(records: list) -> dict[str, int]:
+    """Failed requests by error message (its first 100 characters)."""
+    return dict(Counter(str(r.error)[:100] for r in records if r.error is not None))
+
+
 def _decodes(view: dict) -> list[dict]:
     return [i for i in view["instances"] if i["role"] == "decode"]
 
@@ -73,6 +79,7 @@ def intra(options: DecodeExperimentOptions) -> list[dict]:
             records, view = _run(args, requests, Path(options.out) / f"{label}-{admission}.log")
             ok = [r for r in records if r.error is None]
             rows.append({"lengths": label, "admission": admission, "num_ok": len(ok),
+                         "errors": _error_counts(records),
                          "mean_jct_s": statistics.mean(r.jct for r in ok) if ok else None,
                          "preemptions": sum(d["decodes"]["preemptions"] for d in _decodes(view))})
             print(json.dumps(rows[-1]), flush=True)
@@ -90,6 +97,7 @@ def inter(options: DecodeExperimentOptions) -> list[dict]:
         start = min(d["decodes"]["first_admit_time"] for d in decodes)
         slowest = max(decodes, key=lambda d: d["decodes"]["last_finish_time"])
         rows.append({"policy": policy, "num_ok": sum(r.error is None for r in records),
+                     "errors": _error_counts(records),
                      "total_decoding_time_s": slowest["decodes"]["last_finish_time"] - start,
                      "slowest_instance": slowest["instance_id"],
                      "slowest_heavy": slowest["decodes"]["finished_heavy"],

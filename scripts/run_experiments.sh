@@ -22,11 +22,13 @@ run_phase() {
   $S bench phase-shift --url http://127.0.0.1:8190 --out $OUT/phase_shift || true
   kill -INT $pid; wait $pid || true
 }
+# All requests arrive at once and wait for a small KV pool: the timeouts must outlast the queue.
+WAIT_LONG="--lease-timeout 1800 --transfer-timeout 1800 --token-timeout 1800 --request-timeout 1800"
 run_decode() {
   log decode experiments
   $S bench decode-experiments intra --num-requests 256 --max-tokens 256 --out $OUT/decode_intra \
-     ${PREDICTOR:+--predictor $PREDICTOR}
-  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter
+     ${PREDICTOR:+--predictor $PREDICTOR} $WAIT_LONG
+  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter $WAIT_LONG
 }
 run_interference() { log interference; $S bench interference --out $OUT/interference; }
 run_vllm() {
