@@ -5,8 +5,8 @@ intra (Fig. 18): one decode instance whose KV pool is small enough to constrain 
     admission greedy vs reserve-static vs reserve-dynamic, with true lengths (the oracle
     predictor at granularity 1) and, given `--predictor DIR`, with a trained predictor. Reports
     mean JCT and the decode instance's preemptions.
-inter (Fig. 19): K decode instances, 32 requests per instance, power-of-two vs random vs
-    imbalance (oracle buckets of 200 tokens, heavy = over 128). Reports the total decoding time
+inter (Fig. 19): K decode instances, 32 requests per instance, power-of-two (ours, and the
+    paper's literal heavy:light ratio rule) vs random vs imbalance (oracle buckets of 200 tokens, heavy = over 128). Reports the total decoding time
     (first admission to last finish over all decode instances) and the heavy/light counts of the
     slowest instance.
 
@@ -89,7 +89,7 @@ def intra(options: DecodeExperimentOptions) -> list[dict]:
 def inter(options: DecodeExperimentOptions) -> list[dict]:
     requests = _workload(options, 32 * options.decodes)
     rows = []
-    for policy in ("power_of_two", "random", "imbalance"):
+    for policy in ("power_of_two", "power_of_two_ratio", "random", "imbalance"):
         args = ["--decode", str(options.decodes), "--dispatch-policy", policy, "--predictor",
                 "oracle", "--oracle-granularity", "200", *options.extra_args]
         records, view = _run(args, requests, Path(options.out) / f"{policy}.log")

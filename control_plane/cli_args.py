@@ -93,8 +93,8 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="zero-pad the last prefill chunk to ChunkSize")
     group.add_argument("--lease-timeout", type=float, default=30.0)
     group.add_argument("--dispatch-policy", default="power_of_two",
-                       choices=["power_of_two", "random", "round_robin", "least_loaded",
-                                "imbalance"])
+                       choices=["power_of_two", "power_of_two_ratio", "random", "round_robin",
+                                "least_loaded", "imbalance"])
     group.add_argument("--heavy-threshold", type=int, default=128,
                        help="predicted output tokens above which a decode is heavy")
     group.add_argument("--use-upper-end", action="store_true",

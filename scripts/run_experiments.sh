@@ -2,7 +2,7 @@
 # Runs the measured experiments behind docs/ (each one writes JSON + PNG under docs/benchmarks/).
 # Run on a quiet machine: these are timings. Usage: scripts/run_experiments.sh [name ...]
 # Names: profile throughput emulation phase decode interference vllm ablation prefill workloads
-#        fastserve soak overload        (no name = all, in this order)
+#        fastserve soak overload        (no name = all, in this order); inter = decode's inter part
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=".venv/bin/splitserve"
@@ -30,6 +30,10 @@ run_decode() {
      ${PREDICTOR:+--predictor $PREDICTOR} $WAIT_LONG
   $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter $WAIT_LONG
 }
+run_inter() {
+  log inter-decode placement
+  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter $WAIT_LONG
+}
 run_interference() { log interference; $S bench interference --out $OUT/interference; }
 run_vllm() {
   log vLLM CPU vs splitserve
@@ -49,19 +53,19 @@ run_prefill() {
      --system "sjf-128=--prefill-policy sjf --prefill-sched-batch 128" \
      --num-requests 64 --rate 1000 --max-tokens 2 --ignore-eos --out $OUT/compare_prefill_policies
 }
-# 32 requests per workload keep the five workloads (3 systems x 3 seeds) near 45 minutes on 2
+# 16 requests per workload keep the five workloads (3 systems x 3 seeds) near 25 minutes on 2
 # cores. vllm-1t is the paper's hardware ratio: TetriInfer (1P+1D) had twice vLLM's cards.
 run_workloads() {
   for w in LPLD LPHD HPLD HPHD Mixed; do
     log "workload $w"
-    $S bench compare --systems disagg,vllm,vllm-1t --workload $w --num-requests 32 --rate 1 \
+    $S bench compare --systems disagg,vllm,vllm-1t --workload $w --num-requests 16 --rate 1 \
        --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
        --max-tokens 256 --out $OUT/compare_$w
   done
 }
 run_fastserve() {
   log skip-join MLFQ
-  $S bench compare --systems vllm,fastserve-naive,fastserve --num-requests 64 --rate 2 \
+  $S bench compare --systems vllm,fastserve-naive,fastserve --num-requests 48 --rate 2 \
      --max-tokens 256 --ignore-eos --out $OUT/compare_fastserve
 }
 run_soak() { log soak; bash scripts/soak.sh "$OUT/soak"; }

@@ -12,6 +12,7 @@ from prefill_instance.dispatcher import (
     Imbalance,
     LeastLoaded,
     PowerOfTwo,
+    PowerOfTwoRatio,
     RandomChoice,
     heavy_light_ratio,
 )
@@ -31,15 +32,43 @@ def seq(prompt=100, predicted=None):
     return s
 
 
-def test_power_of_two_picks_lower_heavy_light_ratio_after_placement():
+def test_power_of_two_sends_heavy_to_fewer_heavy_and_light_to_fewer_decodes():
     decodes = [peer("a", heavy=3, light=1), peer("b", heavy=1, light=3)]
     choices = Counter(PowerOfTwo(OPTIONS).pick(seq(predicted=400), decodes).instance_id
                       for _ in range(20))
     assert choices == {"b": 20}  # with two in alpha, both are always sampled
     light = PowerOfTwo(OPTIONS).pick(seq(predicted=50), [peer("a", heavy=0, light=5),
                                                          peer("b", heavy=2, light=1)])
+    assert light.instance_id == "b"  # b runs 3 decodes after placement, a would run 6
+    tie = PowerOfTwo(OPTIONS).pick(seq(predicted=50), [peer("a", heavy=2, light=1),
+                                                       peer("b", heavy=1, light=2)])
+    assert tie.instance_id == "b"  # equal counts: the one with fewer heavy decodes
+
+
+def test_literal_ratio_rule_picks_lower_heavy_light_ratio_after_placement():
+    light = PowerOfTwoRatio(OPTIONS).pick(seq(predicted=50), [peer("a", heavy=0, light=5),
+                                                              peer("b", heavy=2, light=1)])
     assert light.instance_id == "a"  # a -> 0 heavy : 6 light = 0; b -> 2 : 2 = 1
     assert heavy_light_ratio(peer("x", heavy=1, light=1), heavy=True) == 2.0
+
+
+def place(policy, kinds: str) -> dict[str, tuple[int, int]]:
+    """Place heavy (H) and light (L) decodes on two instances that never finish any."""
+    counts = {"a": (0, 0), "b": (0, 0)}
+    for kind in kinds:
+        decodes = [peer(n, heavy=h, light=li) for n, (h, li) in counts.items()]
+        choice = policy.pick(seq(predicted=400 if kind == "H" else 50), decodes).instance_id
+        h, li = counts[choice]
+        counts[choice] = (h + (kind == "H"), li + (kind == "L"))
+    return counts
+
+
+def test_power_of_two_balances_heavy_and_total_where_the_ratio_rule_piles_up():
+    kinds = "HLHHLLLHHLHLHHHL" * 4  # 36 heavy, 28 light
+    (ha, la), (hb, lb) = place(PowerOfTwo(OPTIONS), kinds).values()
+    assert abs(ha - hb) <= 1 and abs((ha + la) - (hb + lb)) <= 2
+    (ha, la), (hb, lb) = place(PowerOfTwoRatio(OPTIONS), kinds).values()
+    assert abs((ha + la) - (hb + lb)) > 16  # the literal rule's feedback loop
 
 
 def test_power_of_two_alpha_set_and_fallbacks():
