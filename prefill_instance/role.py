@@ -173,7 +173,9 @@ class PrefillRole(Role):
             return
         update = first_update or TokenUpdate(seq.seq_id, instance_id=self.ctx.instance_id)
         update.next_instance = decode.instance_id
-        self.ctx.emit(self.routes.pop(seq.seq_id), update)
+        # A sequence offered again after a decode instance rejected it has no route left: its
+        # first hand-off used it; the gateway still learns where the sequence went.
+        self.ctx.emit(self.routes.pop(seq.seq_id, seq.extra["reply_to"]), update)
 
     # -- forwards ------------------------------------------------------------------------------
     def schedule(self) -> BatchPlan:

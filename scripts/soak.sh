@@ -23,6 +23,10 @@ PY
 )
   [ "$ok" = 1 ] && capacity=$rate || break
 done
+if [ "$capacity" = 0 ]; then  # even the lowest rate failed: soak below it rather than at 0
+  first=(${RATES:-0.5}); capacity=$(.venv/bin/python -c "print(${first[0]} / 2)")
+  echo "no probed rate met the criteria; taking half the lowest as capacity"
+fi
 echo "capacity: $capacity req/s" | tee "$OUT/capacity.txt"
 soak_rate=$(.venv/bin/python -c "print(round(0.8 * $capacity, 2))")
 .venv/bin/python -m bench.soak --url http://127.0.0.1:$PORT --rate "$soak_rate" \

@@ -1,0 +1,71 @@
+"""The prefill role on a fake RoleContext: hand-off, a rejected offer offered again elsewhere."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import torch
+
+from common.block_pool import KVCacheManager
+from common.config import EngineConfig, PrefillConfig, TransferConfig
+from common.engine.kv_cache import KVLayout
+from common.engine.worker import RoleContext
+from common.plan import ModelOutput
+from common.protocol import GenerateRequest, KVTransferDone, KVTransferOffer, PeerInfo
+from common.sampling_params import SamplingParams
+from common.transfer_errors import REJECTED
+from prefill_instance.role import PrefillRole
+
+GATEWAY = "tcp://gateway"
+
+
+class FakeOutbox:
+    def __init__(self) -> None:
+        self.sent = []
+
+    def send(self, address, message) -> bool:
+        self.sent.append((address, message))
+        return True
+
+
+def make_role(num_blocks=32, block_size=4) -> PrefillRole:
+    config = SimpleNamespace(engine=EngineConfig(), transfer=TransferConfig(),
+                             prefill=PrefillConfig(chunk_size=8, dispatch_policy="least_loaded"))
+    runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
+                             kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
+    ctx = RoleContext("prefill-0", config, runner, KVCacheManager(num_blocks, block_size),
+                      SimpleNamespace(endpoint="kv://prefill-0"), FakeOutbox(), "tcp://me")
+    return PrefillRole(ctx)
+
+
+def decode(name, free=20) -> PeerInfo:
+    return PeerInfo(name, f"tcp://{name}", "", num_free_blocks=free, num_total_blocks=32)
+
+
+def prefill(role, request_id="r", num_prompt=5):
+    role.handle(GenerateRequest(request_id, list(range(1, num_prompt + 1)),
+                                SamplingParams(max_tokens=4), GATEWAY, time.time()))
+    plan = role.schedule()
+    role.update_from_output(plan, ModelOutput(
+        {c.seq_id: 9 for c in plan.chunks if c.sampling is not None}))
+
+
+def offers(role) -> list[str]:
+    return [address for address, message in role.ctx.outbox.sent
+            if isinstance(message, KVTransferOffer)]
+
+
+def test_a_rejected_offer_goes_to_another_decode_and_the_gateway_hears_of_it():
+    role = make_role()
+    role.handoffs.decodes = [decode("d0", free=30), decode("d1", free=10)]
+    prefill(role)
+    first, = role.ctx.pending_tokens.pop(GATEWAY)
+    assert first.token_ids == [9] and first.next_instance == "d0" and offers(role) == ["tcp://d0"]
+    role.handle(KVTransferDone("r", False, REJECTED + "draining"))
+    role.poll()  # offered again, skipping the instance that refused
+    assert offers(role) == ["tcp://d0", "tcp://d1"]
+    moved, = role.ctx.pending_tokens.pop(GATEWAY)
+    assert moved.next_instance == "d1" and not moved.token_ids
+    role.handle(KVTransferDone("r", True, ""))
+    assert role.is_drained and role.ctx.kv.num_free_blocks == 32
