@@ -223,6 +223,10 @@ class InstanceConfig:
     store_url: str | None = None
     store_prefix: str = "splitserve"
     heartbeat_ttl_s: float = 2.0  # an instance silent this long is removed from the registry
+    # Between forwards the loop reports; during one longer than the monitor's timeout (a long
+    # prompt on a CPU) its last report is repeated, for at most this long: a loop stuck longer
+    # than this stops reporting and is declared dead.
+    stall_timeout_s: float = 120.0
     inbox_port: int = 0  # 0 = any free port
     advertise_host: str | None = None  # the address others reach this instance at (pod IP)
     metrics_port: int = 0  # HTTP /health, /ready, /metrics; 0 = off
@@ -237,6 +241,7 @@ class InstanceConfig:
         _require(self.report_interval_s > 0, "report interval must be > 0")
         _require(self.heartbeat_ttl_s > self.report_interval_s,
                  "the heartbeat TTL must exceed the report interval")
+        _require(self.stall_timeout_s > 0, "stall timeout must be > 0")
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,9 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="emulated host swap bandwidth, bytes/s")
     group.add_argument("--heartbeat-ttl", type=float, default=2.0,
                        help="an instance silent this long is removed (with --redis)")
+    group.add_argument("--stall-timeout", type=float, default=120.0,
+                       help="during a forward the last load report is repeated for at most "
+                            "this long; a loop stuck longer goes silent and is declared dead")
     coupled = parser.add_argument_group("coupled role (co-located baselines)")
     coupled.add_argument("--policy", default="sarathi",
                          help="vllm, orca, sarathi, chunked-only, hybrid-only, fastserve")
@@ -130,6 +133,7 @@ def instance_config(args: argparse.Namespace) -> InstanceConfig:
         host=args.host, gateways=tuple(args.gateway or ()),
         report_interval_s=args.report_interval, store_url=args.redis,
         store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
+        stall_timeout_s=args.stall_timeout,
         inbox_port=args.inbox_port, advertise_host=args.advertise_host,
         metrics_port=args.metrics_port, coupled_policy=known_policy(args.policy),
         cluster_secret_file=args.cluster_secret_file,
@@ -281,7 +285,7 @@ def instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
                  "transfer", "transfer_timeout", "report_interval", "prefill_policy",
                  "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
-                 "heartbeat_ttl", "transfer_granularity", "transfer_failure_policy",
+                 "heartbeat_ttl", "stall_timeout", "transfer_granularity", "transfer_failure_policy",
                  "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
                  "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file",
                  "dispatch_policy", "heavy_threshold", "predictor", "predictor_mode",
