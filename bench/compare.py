@@ -145,6 +145,8 @@ def run_system(name: str, options: CompareOptions) -> list[dict]:
 
 
 def _line(summary: dict) -> str:
+    if not summary["num_ok"]:
+        return f"no request succeeded; {summary['num_errors']} errors: {summary.get('errors')}"
     return (f"TTFT p50 {summary['ttft_s']['p50'] * 1e3:.0f} ms, p99 "
             f"{summary['ttft_s']['p99'] * 1e3:.0f} ms; TPOT p50 "
             f"{summary['tpot_s']['p50'] * 1e3:.1f} ms; "

@@ -54,3 +54,11 @@ def test_aggregate_reports_mean_and_spread_over_seeds_in_display_units():
     assert result["errors"] == 1
     row = table({"sys": result}).splitlines()[2]
     assert row.startswith("| sys | 200.0 ± 141.4 |") and row.endswith("| 1 |")
+
+
+def test_a_seed_where_every_request_failed_still_prints_a_line():
+    from bench.compare import _line
+
+    line = _line({"num_ok": 0, "num_errors": 3, "errors": {"HTTP 503": 3},
+                  "ttft_s": {"p50": None, "p99": None}})
+    assert line.startswith("no request succeeded; 3 errors")
