@@ -7,7 +7,9 @@ OUT=${1:-results/overload}
 CAPACITY=${2:-$(sed -n 's/capacity: \(.*\) req\/s/\1/p' docs/benchmarks/soak/capacity.txt 2>/dev/null || echo 1.0)}
 PORT=8192
 mkdir -p "$OUT"
-.venv/bin/splitserve up --port $PORT --max-in-flight 16 --max-prefill-queue-tokens 8192 \
+# The prompt-token bound sets the admitted TTFT: one single-thread prefill instance drains about
+# 650 tokens/s here, so 4096 queued tokens wait about 6 s (8192 let p99 TTFT reach 15 s).
+.venv/bin/splitserve up --port $PORT --max-in-flight 16 --max-prefill-queue-tokens ${QUEUE_TOKENS:-4096} \
    --log-dir "$OUT/logs" > "$OUT/up.log" 2>&1 &
 UP=$!
 trap 'kill -INT $UP 2>/dev/null; wait $UP 2>/dev/null || true' EXIT

@@ -56,7 +56,7 @@ run_prefill() {
 # 16 requests per workload keep the five workloads (3 systems x 3 seeds) near 25 minutes on 2
 # cores. vllm-1t is the paper's hardware ratio: TetriInfer (1P+1D) had twice vLLM's cards.
 run_workloads() {
-  for w in LPLD LPHD HPLD HPHD Mixed; do
+  for w in ${WORKLOADS:-LPLD LPHD HPLD HPHD Mixed}; do
     log "workload $w"
     $S bench compare --systems disagg,vllm,vllm-1t --workload $w --num-requests 16 --rate 1 \
        --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
