@@ -18,16 +18,9 @@ from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTra
 from common.sampling_params import SamplingParams
 from common.transfer_errors import REJECTED
 
+from unit.role_fixtures import FakeOutbox
+
 GATEWAY = "tcp://gateway"
-
-
-class FakeOutbox:
-    def __init__(self) -> None:
-        self.sent = []
-
-    def send(self, address, message) -> bool:
-        self.sent.append((address, message))
-        return True
 
 
 def make_role(policy="vllm", num_blocks=32, block_size=4, **settings):

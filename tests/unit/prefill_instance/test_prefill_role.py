@@ -17,16 +17,9 @@ from common.sampling_params import SamplingParams
 from common.transfer_errors import REJECTED
 from prefill_instance.role import PrefillRole
 
+from unit.role_fixtures import FakeOutbox
+
 GATEWAY = "tcp://gateway"
-
-
-class FakeOutbox:
-    def __init__(self) -> None:
-        self.sent = []
-
-    def send(self, address, message) -> bool:
-        self.sent.append((address, message))
-        return True
 
 
 def make_role(num_blocks=32, block_size=4) -> PrefillRole:
