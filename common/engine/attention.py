@@ -106,6 +106,8 @@ class TorchAttention:
         num_stored = self.slots.shape[0]  # stored rows come first; padding rows last
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, k[:num_stored])
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, v[:num_stored])
+        if self.num_decode == q.shape[0]:  # decodes only: the kernel's output is the result
+            return self._decode(q, k_cache, v_cache, scale)
         out = torch.empty_like(q)
         if self.num_decode:
             out[: self.num_decode] = self._decode(q[: self.num_decode], k_cache, v_cache, scale)

@@ -20,6 +20,7 @@ import torch
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
+HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # included by SOURCE
 MODULE_NAME = "splitserve_cpu_ops"
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 
@@ -35,7 +36,8 @@ def _cpu_flags() -> str:
 
 
 def build_dir(cache_dir: Path) -> Path:
-    key = SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_flags().encode()
+    sources = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
+    key = sources + " ".join(CFLAGS).encode() + _cpu_flags().encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
     return cache_dir / "kernels" / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 

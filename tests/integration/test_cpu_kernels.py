@@ -72,9 +72,10 @@ def _reference_decode(q, k_cache, v_cache, tables, lengths, scale):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("batch", [1, 3, 8])
-def test_paged_decode_attention(kernel_ops, dtype, batch):
+@pytest.mark.parametrize("kv_heads,heads,dim", [(3, 9, 64), (2, 8, 128), (1, 7, 64), (4, 4, 32)])
+def test_paged_decode_attention(kernel_ops, dtype, batch, kv_heads, heads, dim):
     gen = torch.Generator().manual_seed(batch)
-    num_blocks, block_size, kv_heads, heads, dim = 64, 16, 3, 9, 64
+    num_blocks, block_size = 64, 16
     k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(dtype)
     v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=gen).to(dtype)
     lengths = [int(x) for x in torch.randint(1, 90, (batch,), generator=gen)]

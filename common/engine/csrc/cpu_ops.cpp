@@ -6,7 +6,8 @@
 //   rotary_neox         x = rotate(x, cos[pos], sin[pos]) for every head    (in place)
 //   silu_and_mul        out = silu(x[:, :I]) * x[:, I:]
 //   paged_decode_attention  one query token per sequence against its paged KV blocks, read
-//                           where they lie (no gather), grouped-query heads sharing each KV read.
+//                           where they lie (no gather), grouped-query heads sharing each KV read;
+//                           bfloat16 on AVX512-BF16 CPUs takes decode_attention_bf16.h.
 // All arithmetic is in float32; results are rounded once to the tensor's dtype.
 
 #include <torch/extension.h>
@@ -25,7 +26,11 @@
 namespace {
 
 // Rows are converted to float32 scratch and back with plain integer arithmetic on the raw
-// 16-bit words, so the loops vectorize (loads of c10::BFloat16 objects do not).
+// 16-bit words, so the loops vectorize (loads of c10::BFloat16 objects do not). The integer views
+// of float memory are declared may_alias: under strict aliasing the compiler could otherwise
+// drop float stores that only these views read.
+using f32_bits = uint32_t __attribute__((__may_alias__));
+using bf16_bits = uint16_t __attribute__((__may_alias__));
 template <typename T>
 inline void load_row(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
@@ -33,8 +38,8 @@ inline void load_row(const T* src, float* dst, int64_t n) {
 
 template <>
 inline void load_row<at::BFloat16>(const at::BFloat16* src, float* dst, int64_t n) {
-  const uint16_t* raw = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  const bf16_bits* raw = reinterpret_cast<const bf16_bits*>(src);
+  f32_bits* out = reinterpret_cast<f32_bits*>(dst);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(raw[i]) << 16;
 }
@@ -46,8 +51,8 @@ inline void store_row(T* dst, const float* src, int64_t n) {
 
 template <>
 inline void store_row<at::BFloat16>(at::BFloat16* dst, const float* src, int64_t n) {
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(src);
-  uint16_t* raw = reinterpret_cast<uint16_t*>(dst);
+  const f32_bits* bits = reinterpret_cast<const f32_bits*>(src);
+  bf16_bits* raw = reinterpret_cast<bf16_bits*>(dst);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t b = bits[i];
@@ -218,7 +223,8 @@ inline void group_scores<at::BFloat16>(const float* qf, const at::BFloat16* k, f
   for (int64_t g = 0; g < group; ++g) {
     const float* qg = qf + g * dim;
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qg), key[0]);
-    for (int64_t c = 1; c < chunks; ++c) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), key[c], acc);
+    for (int64_t c = 1; c < chunks; ++c)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * c), key[c], acc);
     out[g * out_stride] = _mm512_reduce_add_ps(acc);
   }
 }
@@ -312,6 +318,8 @@ void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tenso
   });
 }
 
+#include "decode_attention_bf16.h"
+
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
   TORCH_CHECK(t.stride(-1) == 1, name, " must be contiguous in its last dimension");
@@ -359,6 +367,12 @@ void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at
   TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
               "context_lens: contiguous int64");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+#if defined(__AVX512BF16__)
+  if (q.scalar_type() == at::kBFloat16 && bf16_decode::supports(q.size(2))) {
+    bf16_decode::decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale);
+    return;
+  }
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
                                   [&] {
                                     decode_attention_impl<scalar_t>(out, q, k_cache, v_cache,
