@@ -70,7 +70,9 @@ class TorchAttention:
         if decodes:
             self._build_decode(decodes, block_size, device)
         self.prefills = [self._build_prefill(s, block_size, device)
-                         for s in segments[self.num_decode:]]
+                         for s in segments[self.num_decode:] if s.store]
+        # Padding rows attend to nothing: their output is zero (and never read).
+        self.padding = [s for s in segments[self.num_decode:] if not s.store]
 
     def _build_decode(self, decodes: list[Segment], block_size: int, device) -> None:
         max_blocks = max(-(-s.num_context // block_size) for s in decodes)
@@ -111,6 +113,8 @@ class TorchAttention:
         out = torch.empty_like(q)
         if self.num_decode:
             out[: self.num_decode] = self._decode(q[: self.num_decode], k_cache, v_cache, scale)
+        for seg in self.padding:
+            out[seg.start: seg.start + seg.num_tokens] = 0
         for seg, blocks, mask in self.prefills:
             rows = slice(seg.start, seg.start + seg.num_tokens)
             out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, blocks, mask,
@@ -156,6 +160,6 @@ class TorchAttention:
 def _leading_single_token(segments: list[Segment]) -> list[Segment]:
     """The run of one-token segments the batch starts with (decodes, or 1-token chunks)."""
     count = 0
-    while count < len(segments) and segments[count].num_tokens == 1:
+    while count < len(segments) and segments[count].num_tokens == 1 and segments[count].store:
         count += 1
     return segments[:count]

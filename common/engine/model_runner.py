@@ -39,6 +39,18 @@ class FlatBatch:
     sample_chunks: list  # the ScheduledChunk of each sampled row
 
 
+def padded_rows(num_rows: int) -> int:
+    """The row count a CPU forward is padded to: 1, 2, 4, then multiples of 8 up to 256, then of
+    64. oneDNN compiles and keeps a matmul primitive per distinct row count (a few MB each, up to
+    1,024 kept), so unbounded shapes (every prompt tail, every batch size) grow the process by
+    hundreds of MB over hours; buckets bound that at a small set (vLLM pads decode batches to its
+    CUDA-graph sizes the same way), for at most 7 (63 past 256) wasted rows."""
+    if num_rows <= 4:
+        return 1 << max(num_rows - 1, 0).bit_length()
+    step = 8 if num_rows <= 256 else 64
+    return -(-num_rows // step) * step
+
+
 def kv_layout_for(model: CausalLM, config: EngineConfig, dtype: str) -> KVLayout:
     shape = model.shape
     layout = KVLayout(shape.num_layers, 1, config.cache.block_size, shape.num_kv_heads,
@@ -74,7 +86,9 @@ class ModelRunner:
                                  DTYPE_BY_NAME[self.dtype_name], str(self.device))
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         dtype = DTYPE_BY_NAME[self.dtype_name]
-        if can_pack(dtype, self.device):
+        # Packed weights run on oneDNN, whose per-shape primitives want bounded row counts.
+        self.pad_shapes = can_pack(dtype, self.device)
+        if self.pad_shapes:
             self.model.pack_for_cpu()
         self.model.ops = make_ops(dtype, self.device, config.model.cache_dir)
         shape = self.model.shape
@@ -105,10 +119,13 @@ class ModelRunner:
             if chunk.sampling is not None:
                 sample_rows.append(len(input_ids) - 1)
                 sample_chunks.append(chunk)
-        if plan.num_padding_tokens:
-            segments.append(Segment(len(input_ids), plan.num_padding_tokens, 0, [], store=False))
-            input_ids.extend([0] * plan.num_padding_tokens)
-            positions.extend(range(plan.num_padding_tokens))
+        padding = plan.num_padding_tokens
+        if self.pad_shapes:
+            padding = max(padding, padded_rows(len(input_ids)) - len(input_ids))
+        if padding:
+            segments.append(Segment(len(input_ids), padding, 0, [], store=False))
+            input_ids.extend([0] * padding)
+            positions.extend(range(padding))
         as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)
         return FlatBatch(as_tensor(input_ids), as_tensor(positions), segments, sample_rows,
                          sample_chunks)

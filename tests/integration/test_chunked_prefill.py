@@ -113,3 +113,22 @@ def test_padding_tokens_do_not_change_results(runner):
     out = runner.execute(BatchPlan([ScheduledChunk("padded", prompt, 0, table, GREEDY)],
                                    num_padding_tokens=12, return_logits=True))
     torch.testing.assert_close(out.logits["padded"], plain, **TOLERANCE[runner.dtype_name])
+
+
+def test_shape_buckets_do_not_change_results(runner):
+    """The packed-weight (oneDNN) runner pads every forward to a row bucket; the real rows'
+    logits and KV are those of the unpadded forward."""
+    kv = KVCacheManager(runner.kv_layout.num_blocks, runner.kv_layout.block_size)
+    prompt = _prompt(13, 5)  # 13 rows: padded to 16 when buckets are on
+    bucketed, bucketed_table = _prefill(runner, kv, "bucketed", prompt, len(prompt))
+    was = runner.pad_shapes
+    runner.pad_shapes = False
+    try:
+        exact, exact_table = _prefill(runner, kv, "exact", prompt, len(prompt))
+    finally:
+        runner.pad_shapes = was
+    tol = TOLERANCE[runner.dtype_name]
+    torch.testing.assert_close(bucketed, exact, **tol)
+    torch.testing.assert_close(
+        runner.kv_cache.export_blocks(bucketed_table).float().flatten(2, 3)[:, :, :13],
+        runner.kv_cache.export_blocks(exact_table).float().flatten(2, 3)[:, :, :13], **tol)
