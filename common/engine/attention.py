@@ -12,7 +12,9 @@ Each layer first writes the new keys/values into their slots, then attends:
   padded
   [B, L] view and masked past its length; grouped-query heads are folded into the query axis so
   no key/value is repeated;
-- each prefill chunk on its own, causally and aligned to the end of its context.
+- each prefill chunk on its own, causally and aligned to the end of its context: with torch's
+  SDPA, or, where the ops say the paged kernel is faster (bfloat16 with AVX512-BF16), as that
+  kernel's batch of one-query rows, row i seeing the first num_cached + i + 1 tokens.
 
 `TorchAttention` runs on any device; `common.engine.attention_flash` replaces it on CUDA.
 """
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from common.engine.kv_cache import KVCache
+from common.engine.kv_cache import DTYPE_BY_NAME, KVCache
 from common.engine.ops import TorchOps
 
 
@@ -64,6 +66,10 @@ class TorchAttention:
         block_size = kv_cache.layout.block_size
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
+        layout = kv_cache.layout
+        # Prefill chunks through the paged kernel too, where it is the faster path (ops decide).
+        self.paged_prefill = ops.paged_prefill_attention(DTYPE_BY_NAME[layout.dtype],
+                                                         layout.head_dim)
         decodes = _leading_single_token(segments)
         self.num_decode = len(decodes)
         self.decode_blocks = self.decode_mask = None
@@ -90,8 +96,12 @@ class TorchAttention:
         mask = torch.arange(span, device=device)[None, :] < lengths[:, None]
         self.decode_mask = mask[:, None, None, :]  # [B, 1, 1, L]
 
-    @staticmethod
-    def _build_prefill(seg: Segment, block_size: int, device):
+    def _build_prefill(self, seg: Segment, block_size: int, device):
+        if self.paged_prefill:  # query row i attends to the first num_cached + i + 1 tokens
+            num_blocks = -(-seg.num_context // block_size)
+            table = torch.tensor(seg.block_ids[:num_blocks], dtype=torch.long, device=device)
+            lengths = torch.arange(seg.num_cached + 1, seg.num_context + 1, device=device)
+            return seg, table.expand(seg.num_tokens, -1), lengths
         if seg.num_cached == 0:
             return seg, None, None  # attends only to its own new tokens: plain causal
         num_blocks = -(-seg.num_context // block_size)
@@ -117,6 +127,10 @@ class TorchAttention:
             out[seg.start: seg.start + seg.num_tokens] = 0
         for seg, blocks, mask in self.prefills:
             rows = slice(seg.start, seg.start + seg.num_tokens)
+            if self.paged_prefill:  # blocks: [rows, blocks] table; mask: context lengths
+                out[rows] = self.ops.paged_decode_attention(q[rows], k_cache, v_cache, blocks,
+                                                            mask, scale)
+                continue
             out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, blocks, mask,
                                       seg.num_context, scale)
         return out

@@ -132,3 +132,25 @@ def test_shape_buckets_do_not_change_results(runner):
     torch.testing.assert_close(
         runner.kv_cache.export_blocks(bucketed_table).float().flatten(2, 3)[:, :, :13],
         runner.kv_cache.export_blocks(exact_table).float().flatten(2, 3)[:, :, :13], **tol)
+
+
+def test_paged_prefill_attention_matches_torch_attention(default_model, monkeypatch):
+    """Where the ops route prefill chunks through the paged kernel (bfloat16, head_dim 64, on
+    AVX512-BF16), chunked prefill gives the logits of torch's attention (default model)."""
+    config = EngineConfig(model=ModelConfig(path=str(default_model.hf_dir), dtype="bfloat16"),
+                          cache=CacheConfig(num_blocks=64, block_size=16))
+    runner = ModelRunner(config)
+    try:
+        if not runner.model.ops.paged_prefill_attention(torch.bfloat16,
+                                                        runner.kv_layout.head_dim):
+            pytest.skip("this CPU has no AVX512-BF16: prefill chunks use torch attention")
+        kv = KVCacheManager(runner.kv_layout.num_blocks, runner.kv_layout.block_size)
+        prompt = _prompt(75, 6)
+        paged, _ = _prefill(runner, kv, "paged", prompt, 32)
+        monkeypatch.setattr(type(runner.model.ops), "paged_prefill_attention",
+                            lambda self, dtype, head_dim: False)
+        torch_path, _ = _prefill(runner, kv, "torch", prompt, 32)
+    finally:
+        runner.close()
+    torch.testing.assert_close(paged, torch_path, **TOLERANCE["bfloat16"])
+    assert paged.argmax() == torch_path.argmax()

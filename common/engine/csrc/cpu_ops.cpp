@@ -381,7 +381,18 @@ void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at
                                   });
 }
 
+// Head dims the bfloat16 paged attention kernel handles on this build ([] without AVX512-BF16):
+// there it also beats torch's attention for prefill chunks, which the runner then routes to it.
+std::vector<int64_t> bf16_attention_head_dims() {
+#if defined(__AVX512BF16__)
+  return {64, 128};
+#else
+  return {};
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("bf16_attention_head_dims", &bf16_attention_head_dims);
   m.def("rms_norm", &rms_norm);
   m.def("fused_add_rms_norm", &fused_add_rms_norm);
   m.def("rotary_neox", &rotary_neox);

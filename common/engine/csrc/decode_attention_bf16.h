@@ -262,7 +262,10 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
     Scratch scratch;
     std::vector<int64_t> rows;  // element offset of each context token's KV row
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / tasks_per_seq, kvh0 = (task % tasks_per_seq) * span;
+      // Sequences in zig-zag order (0, n-1, 1, n-2, ...): the threads' contiguous task ranges
+      // then get equal work when lengths grow along the batch (the rows of a prefill chunk).
+      const int64_t i = task / tasks_per_seq, kvh0 = (task % tasks_per_seq) * span;
+      const int64_t b = i % 2 == 0 ? i / 2 : batch - 1 - i / 2;
       const int64_t len = lens[b];
       const int64_t* blocks = table + b * table_stride;
       rows.resize(len);
