@@ -254,6 +254,9 @@ class LimitsConfig:
     max_streams_per_client: int = 0  # concurrent requests per API key (or client address)
     max_in_flight: int = 0  # requests running at this gateway
     max_prefill_queue_tokens: int = 0  # prompt tokens queued over all prefill instances
+    # Seconds of prefill work queued at the least-loaded prefill instance, from its measured
+    # tokens per forward-second: a bound on queueing delay that follows the machine's speed.
+    max_prefill_queue_s: float = 0.0
     max_decode_waiting: int = 0  # sequences waiting for room over all decode instances
     retry_after_s: int = 1  # the Retry-After of 429 and 503 answers
     api_keys: tuple[str, ...] = ()  # Authorization: Bearer <key> required when set
@@ -263,6 +266,7 @@ class LimitsConfig:
         _require(min(self.max_prompt_tokens, self.max_output_tokens, self.max_in_flight,
                      self.max_streams_per_client, self.max_prefill_queue_tokens,
                      self.max_decode_waiting) >= 0, "limits must be >= 0 (0 = none)")
+        _require(self.max_prefill_queue_s >= 0, "limits must be >= 0 (0 = none)")
         _require(self.retry_after_s >= 0, "Retry-After must be >= 0")
 
     def __repr__(self) -> str:  # never print the keys

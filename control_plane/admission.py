@@ -4,8 +4,9 @@ Checked before a request is sent to any instance:
 - authentication: with API keys configured, `Authorization: Bearer <key>` (401 otherwise);
 - input limits: prompt tokens and max_tokens (400 when over);
 - room: requests in flight at this gateway, concurrent requests per client (API key, or the
-  client's address without keys), prompt tokens queued over the prefill pool, sequences waiting
-  over the decode pool (429 with Retry-After when full), so overload turns into fast refusals
+  client's address without keys), prompt tokens queued over the prefill pool, seconds of prefill
+  work queued (tokens / measured tokens per forward-second), sequences waiting over the decode
+  pool (429 with Retry-After when full), so overload turns into fast refusals
   instead of growing memory and latency without bound.
 The request body size is bounded by `BodyLimit`, an ASGI middleware (413).
 """
@@ -71,10 +72,22 @@ class Admission:
                          for s in self.registry.routable("prefill"))
             if queued >= limits.max_prefill_queue_tokens:
                 raise TooBusyError(f"prefill queue is full ({queued} tokens); retry shortly")
+        if limits.max_prefill_queue_s:
+            self._check_prefill_wait(limits.max_prefill_queue_s)
         if limits.max_decode_waiting:
             waiting = sum(s.stats.num_waiting for s in self.registry.routable("decode"))
             if waiting >= limits.max_decode_waiting:
                 raise TooBusyError(f"decode queue is full ({waiting} waiting); retry shortly")
+
+    def _check_prefill_wait(self, bound_s: float) -> None:
+        """429 when even the least-loaded prefill instance has `bound_s` of work queued (the
+        router sends new prompts there). Instances whose speed is not measured yet don't count;
+        with none measured, nothing is refused on this ground."""
+        waits = [w for s in self.registry.routable("prefill") if (w := s.queued_seconds)
+                 is not None]
+        if waits and min(waits) >= bound_s:
+            raise TooBusyError(f"prefill queue is full (about {min(waits):.1f} s of work); "
+                               f"retry shortly")
 
     def acquire(self, client: str) -> None:
         """Count a request as in flight; `release` exactly once when it ends."""

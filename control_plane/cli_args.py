@@ -213,6 +213,9 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                         help="requests running at this gateway; beyond: 429")
     limits.add_argument("--max-prefill-queue-tokens", type=int, default=0,
                         help="prompt tokens queued over the prefill pool; beyond: 429")
+    limits.add_argument("--max-prefill-queue-seconds", type=float, default=0.0,
+                        help="seconds of prefill work queued at the least-loaded prefill "
+                             "instance (measured speed); beyond: 429")
     limits.add_argument("--max-decode-waiting", type=int, default=0,
                         help="sequences waiting over the decode pool; beyond: 429")
     limits.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds")
@@ -259,6 +262,7 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
         max_output_tokens=args.max_output_tokens,
         max_streams_per_client=args.max_streams_per_client, max_in_flight=args.max_in_flight,
         max_prefill_queue_tokens=args.max_prefill_queue_tokens,
+        max_prefill_queue_s=args.max_prefill_queue_seconds,
         max_decode_waiting=args.max_decode_waiting, retry_after_s=args.retry_after,
         api_keys=_api_keys(args))
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from common.protocol import InstanceStats, PeerInfo
 
 
+RATE_SMOOTHING = 0.2  # weight of the newest report in tokens_per_busy_second
+
+
 @dataclass
 class InstanceState:
     stats: InstanceStats
@@ -22,6 +25,27 @@ class InstanceState:
     sent_requests_since_report: int = 0
     first_seen: float = field(default_factory=time.monotonic)
     flip_target: str = ""  # a flip to this role was ordered here and has not completed yet
+    # Tokens computed per second of forward time, smoothed over reports (0 = not known yet): how
+    # fast this instance works through its queue under whatever else shares its cores.
+    tokens_per_busy_second: float = 0.0
+
+    def absorb_rate(self, previous: InstanceStats) -> None:
+        busy = self.stats.busy_seconds - previous.busy_seconds
+        tokens = self.stats.num_computed_tokens - previous.num_computed_tokens
+        if busy <= 0 or tokens <= 0:
+            return  # a repeated report (long forward) or an idle interval: nothing learned
+        rate = tokens / busy
+        old = self.tokens_per_busy_second
+        self.tokens_per_busy_second = rate if old == 0 else (1 - RATE_SMOOTHING) * old + \
+            RATE_SMOOTHING * rate
+
+    @property
+    def queued_seconds(self) -> float | None:
+        """Estimated seconds of forward work in this instance's queue (None: rate unknown)."""
+        if self.tokens_per_busy_second <= 0:
+            return None
+        queued = self.stats.num_queued_tokens + self.sent_tokens_since_report
+        return queued / self.tokens_per_busy_second
 
     @property
     def draining(self) -> bool:
@@ -44,8 +68,12 @@ class InstanceRegistry:
         if state is None:
             self.instances[stats.instance_id] = InstanceState(stats, time.monotonic())
         else:
-            state.stats, state.last_seen = stats, time.monotonic()
+            previous, state.stats, state.last_seen = state.stats, stats, time.monotonic()
             state.sent_tokens_since_report = state.sent_requests_since_report = 0
+            if is_new:
+                state.tokens_per_busy_second = 0.0  # another role: another kind of work
+            else:
+                state.absorb_rate(previous)
             if state.flip_target == stats.role:
                 state.flip_target = ""  # the flip completed
         return is_new

@@ -182,6 +182,7 @@ class InstanceWorker:
         self.link = make_link(config, self.outbox)
         self.running = True
         self.busy_seconds = 0.0
+        self.computed_tokens = 0
         self.integrity_violations = 0
         self.flips: list[FlipReport] = []
         self._pending_flip: tuple[FlipCommand, float] | None = None  # (command, drain start)
@@ -216,6 +217,7 @@ class InstanceWorker:
         if not plan.is_empty:
             output = self.runner.execute(plan)
             self.busy_seconds += output.forward_seconds
+            self.computed_tokens += sum(c.num_tokens for c in plan.chunks)
             self.metrics.count("busy_seconds", output.forward_seconds)
             self.role.update_from_output(plan, output)
         self.metrics.last_turn = time.monotonic()
@@ -279,6 +281,7 @@ class InstanceWorker:
             kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
+            num_computed_tokens=self.computed_tokens,
             timestamp=time.time(), pid=os.getpid(), draining=self._pending_flip is not None,
             metrics_url=self._metrics_url,
             **self.role.load())
