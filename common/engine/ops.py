@@ -45,9 +45,9 @@ class KernelOps(TorchOps):
         self.bf16_head_dims = set(module.bf16_attention_head_dims())
 
     def paged_prefill_attention(self, dtype, head_dim):
-        # Measured (bench in docs/engine.md): the AVX512-BF16 kernel, one query row per task,
-        # beats torch's flash attention for 128-token chunks by about 2x and by 1.2-1.5x with
-        # 512-1920 cached tokens; the generic kernel does not.
+        # Measured (`python -m bench.attention_kernels`, docs/engine.md): the AVX512-BF16
+        # kernel, one query row per task, beats torch's flash attention for 128-token chunks by
+        # about 2x and by 1.15-1.4x with 512-1920 cached tokens; the generic kernel does not.
         return dtype == torch.bfloat16 and head_dim in self.bf16_head_dims
 
     def add_rms_norm(self, x, residual, norm):
