@@ -85,8 +85,9 @@ class Admission:
         with none measured, nothing is refused on this ground."""
         waits = [w for s in self.registry.routable("prefill") if (w := s.queued_seconds)
                  is not None]
-        if waits and min(waits) >= bound_s:
-            raise TooBusyError(f"prefill queue is full (about {min(waits):.1f} s of work); "
+        shortest = min(waits, default=None)
+        if shortest is not None and shortest >= bound_s:
+            raise TooBusyError(f"prefill queue is full (about {shortest:.1f} s of work); "
                                f"retry shortly")
 
     def acquire(self, client: str) -> None:

@@ -63,10 +63,10 @@ class TorchAttention:
         device = kv_cache.device
         self.kv_cache = kv_cache
         self.ops = ops
-        block_size = kv_cache.layout.block_size
+        layout = kv_cache.layout
+        block_size = layout.block_size
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
-        layout = kv_cache.layout
         # Prefill chunks through the paged kernel too, where it is the faster path (ops decide).
         self.paged_prefill = ops.paged_prefill_attention(DTYPE_BY_NAME[layout.dtype],
                                                          layout.head_dim)

@@ -385,7 +385,7 @@ void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at
 // there it also beats torch's attention for prefill chunks, which the runner then routes to it.
 std::vector<int64_t> bf16_attention_head_dims() {
 #if defined(__AVX512BF16__)
-  return {64, 128};
+  return {std::begin(bf16_decode::HEAD_DIMS), std::end(bf16_decode::HEAD_DIMS)};
 #else
   return {};
 #endif

@@ -43,11 +43,6 @@ inline __m512bh load_bh(const at::BFloat16* p) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
 }
 
-inline __m512 load_ps(const at::BFloat16* p) {  // 16 bfloat16 values widened to float32
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
 // Asks for the 64-byte lines [base + rows[t], + 32 * lines) of tokens [from, to) before use:
 // a sequence's blocks lie anywhere in the cache, which the hardware prefetcher does not follow.
 inline void prefetch_rows(const at::BFloat16* base, const int64_t* rows, int64_t from,
@@ -159,9 +154,6 @@ struct Scratch {
   std::vector<__m512bh> query;
 };
 
-// One task: KV heads [kvh0, kvh0 + span) of one sequence, i.e. query rows
-// [kvh0 * group, (kvh0 + span) * group). Both passes walk the context 16 tokens at a time, so
-// each block's key rows and value rows are read whole and in order, once.
 // Scores of every query row of a task against the whole context, block by block; the block's
 // key rows are prefetched one block ahead (a sequence's blocks lie anywhere in the cache).
 template <int CH>
@@ -193,12 +185,13 @@ void task_values(const at::BFloat16* v_task, const int64_t* rows, int64_t len, i
   constexpr int64_t MAX_HEADS = 16 / CH > 0 ? 16 / CH : 1;
   const auto* pairs = reinterpret_cast<const f32_bits*>(w.probs.data());
   prefetch_rows(v_task, rows, 0, std::min<int64_t>(PF, len), lines);
+  const int64_t subgroups = (group + MAX_HEADS - 1) / MAX_HEADS;  // block_values calls per head
+  const int64_t slices = span * subgroups;  // the next block's prefetch is split this many ways
   for (int64_t t0 = 0; t0 < len; t0 += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, len - t0));
     for (int64_t h = 0; h < span; ++h)
       for (int64_t g0 = 0; g0 < group; g0 += MAX_HEADS) {
-        const int64_t slices = span * ((group + MAX_HEADS - 1) / MAX_HEADS);
-        const int64_t slice = h * ((group + MAX_HEADS - 1) / MAX_HEADS) + g0 / MAX_HEADS;
+        const int64_t slice = h * subgroups + g0 / MAX_HEADS;
         prefetch_rows(v_task, rows, std::min(t0 + PF + slice * 16 / slices, len),
                       std::min(t0 + PF + (slice + 1) * 16 / slices, len), lines);
         const int64_t r = h * group + g0;
@@ -240,8 +233,11 @@ void decode_task(const at::BFloat16* q, int64_t q_s1, const at::BFloat16* k_ptr,
   }
 }
 
-// Whether this kernel handles the shapes; the generic kernel runs otherwise.
-inline bool supports(int64_t dim) { return dim == 64 || dim == 128; }
+// The head dims this kernel handles; the generic kernel runs otherwise.
+constexpr int64_t HEAD_DIMS[] = {64, 128};
+inline bool supports(int64_t dim) {
+  return std::find(std::begin(HEAD_DIMS), std::end(HEAD_DIMS), dim) != std::end(HEAD_DIMS);
+}
 
 void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
                       const at::Tensor& v_cache, const at::Tensor& block_table,
@@ -269,8 +265,8 @@ void decode_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_
       const int64_t len = lens[b];
       const int64_t* blocks = table + b * table_stride;
       rows.resize(len);
-      for (int64_t t0 = 0, i = 0; t0 < len; t0 += block_size, ++i)  // no division per token
-        for (int64_t t = t0, row = blocks[i] * block_size * row_stride;
+      for (int64_t t0 = 0, blk = 0; t0 < len; t0 += block_size, ++blk)  // no division per token
+        for (int64_t t = t0, row = blocks[blk] * block_size * row_stride;
              t < std::min(t0 + block_size, len); ++t, row += row_stride)
           rows[t] = row;
       const auto* qb = q_ptr + b * q.stride(0);
