@@ -28,7 +28,8 @@ class ModelConfig:
 
     # A Hugging Face directory (config.json + *.safetensors) or a .gguf file; None = default model.
     path: str | None = None
-    # "auto" = bfloat16 on CPU, float16 on CUDA. float32 gives exact agreement with transformers.
+    # "auto" = float16 on CUDA; on CPU bfloat16 where the CPU runs it natively, else float32
+    # (the caller says which: common.engine.cpu_features). float32 agrees exactly with transformers.
     dtype: str = "auto"
     device: str = "cpu"
     # Context limit in tokens; None = the checkpoint's max_position_embeddings.
@@ -49,10 +50,10 @@ class ModelConfig:
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser()
 
-    def resolved_dtype(self) -> str:
+    def resolved_dtype(self, cpu_default: str = "bfloat16") -> str:
         if self.dtype != "auto":
             return self.dtype
-        return "float16" if self.device.startswith("cuda") else "bfloat16"
+        return "float16" if self.device.startswith("cuda") else cpu_default
 
 
 @dataclass(frozen=True)

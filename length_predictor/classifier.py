@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from common.engine.cpu_features import default_cpu_dtype
 from common.errors import InvalidRequestError, ModelLoadError
 from length_predictor.base import (
     PREDICTORS,
@@ -229,7 +230,9 @@ class ClassifierPredictor(LengthPredictor):
 
 def inference_dtype(name: str, device: str) -> torch.dtype:
     if name == "auto":
-        return torch.float16 if device.startswith("cuda") else torch.bfloat16
+        if device.startswith("cuda"):
+            return torch.float16
+        return getattr(torch, default_cpu_dtype())
     return getattr(torch, name)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from common.config import EngineConfig
+from common.engine import cpu_features
 from common.engine.attention import Segment, TorchAttention
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
 from common.engine.models import CausalLM, build_model
@@ -81,7 +82,7 @@ class ModelRunner:
         self.resolved = resolved or resolve_model(config.model.path,
                                                   config.model.resolved_cache_dir)
         self.hf_config = self.resolved.read_config()
-        self.dtype_name = config.model.resolved_dtype()
+        self.dtype_name = config.model.resolved_dtype(cpu_features.default_cpu_dtype())
         self.model = build_model(self.hf_config, iter_weights(self.resolved.hf_dir),
                                  DTYPE_BY_NAME[self.dtype_name], str(self.device))
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())

@@ -24,6 +24,7 @@ import torch
 
 from common.block_pool import KVCacheManager
 from common.config import EngineConfig
+from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
@@ -158,7 +159,8 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     runner = ModelRunner(config)
     bench = _Bench(runner)
     limits = machine_limits(runner.model.embed_tokens.weight.dtype)
-    progress(f"machine: {limits['matmul_flops'] / 1e9:.0f} GFLOP/s matmul, "
+    progress(f"machine: {cpu_features.describe()}; "
+             f"{limits['matmul_flops'] / 1e9:.0f} GFLOP/s {runner.dtype_name} matmul, "
              f"{limits['read_bytes_per_s'] / 1e9:.1f} GB/s read")
     sizes = [n for n in PREFILL_SIZES if n <= options.max_prefill_tokens]
     prefill = profile_prefill(bench, sizes, options.repeats, progress)
@@ -167,7 +169,7 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     chunk_size = _knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,
-        "threads": torch.get_num_threads(), "machine": limits,
+        "threads": torch.get_num_threads(), "cpu": cpu_features.describe(), "machine": limits,
         "prefill": prefill, "decode": decode, "decode_context": options.decode_context,
         "recommended_chunk_size": chunk_size,
         "ratios": _ratios(runner, limits, prefill, decode, chunk_size),

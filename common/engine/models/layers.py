@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.engine.cpu_features import native_matmul_dtypes
 from common.errors import ModelLoadError
 
 
@@ -166,8 +167,9 @@ class PackedLinear(nn.Module):
 
 
 def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
+    # oneDNN packs reduced precision only where the CPU runs it natively (it raises otherwise).
     return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-            and torch.backends.mkldnn.is_available()
+            and dtype in native_matmul_dtypes()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
