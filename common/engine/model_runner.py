@@ -87,11 +87,14 @@ class ModelRunner:
                                  DTYPE_BY_NAME[self.dtype_name], str(self.device))
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         dtype = DTYPE_BY_NAME[self.dtype_name]
+        # float32 asked for by name is the exact mode (transformers' op order, so the same tokens);
+        # float32 chosen by "auto" (a CPU without native bfloat16) takes the fast path below.
+        exact = config.model.dtype == "float32"
         # Packed weights run on oneDNN, whose per-shape primitives want bounded row counts.
-        self.pad_shapes = can_pack(dtype, self.device)
+        self.pad_shapes = can_pack(dtype, self.device, exact=exact)
         if self.pad_shapes:
             self.model.pack_for_cpu()
-        self.model.ops = make_ops(dtype, self.device, config.model.cache_dir)
+        self.model.ops = make_ops(dtype, self.device, config.model.cache_dir, exact=exact)
         shape = self.model.shape
         self.max_model_len = min(config.model.max_model_len or shape.max_position_embeddings,
                                  shape.max_position_embeddings)

@@ -2,7 +2,7 @@
 
 `TorchOps` composes torch ops in transformers' exact order (float32 runs agree with transformers
 token for token). `KernelOps` calls the fused C++ CPU kernels: one pass and no temporaries per op;
-the runner picks it for bfloat16/float16 on CPU when the kernels build.
+the runner picks it on CPU when the kernels build, except for float32 asked for by name.
 """
 
 from __future__ import annotations
@@ -75,9 +75,11 @@ class KernelOps(TorchOps):
         return out
 
 
-def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str) -> TorchOps:
-    """KernelOps for reduced precision on CPU when the kernels build; TorchOps otherwise."""
-    if device.type != "cpu" or dtype == torch.float32:
+def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str,
+             exact: bool = False) -> TorchOps:
+    """KernelOps on CPU when the kernels build; TorchOps on other devices and for `exact` runs
+    (float32 in transformers' op order) or when the kernels do not build."""
+    if device.type != "cpu" or (exact and dtype == torch.float32):
         return TorchOps()
     from common.engine import cpu_kernels
 

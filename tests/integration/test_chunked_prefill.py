@@ -7,6 +7,7 @@ import torch
 
 from common.block_pool import KVCacheManager
 from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
@@ -15,13 +16,35 @@ GREEDY = SamplingParams(max_tokens=1000, temperature=0.0)
 TOLERANCE = {"float32": dict(atol=2e-4, rtol=1e-4), "bfloat16": dict(atol=0.15, rtol=0.05)}
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def _tiny_runner(path, dtype: str) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=ModelConfig(path=str(path), dtype=dtype),
+                                    cache=CacheConfig(num_blocks=256, block_size=16)))
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16", "auto-float32"])
 def runner(request, tiny_models):
-    config = EngineConfig(model=ModelConfig(path=str(tiny_models["llama"]), dtype=request.param),
-                          cache=CacheConfig(num_blocks=256, block_size=16))
-    r = ModelRunner(config)
+    # "auto-float32": what "auto" gives on a CPU without native bfloat16, float32 through packed
+    # weights and the fused kernels (forced here so AVX512-BF16 machines test it too).
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "auto-float32":
+            patch.setattr(cpu_features, "default_cpu_dtype", lambda: "float32")
+        r = _tiny_runner(tiny_models["llama"], request.param.split("-")[0])
     yield r
     r.close()
+
+
+def test_fast_float32_gives_the_exact_float32_logits(tiny_models, monkeypatch):
+    exact = _tiny_runner(tiny_models["llama"], "float32")
+    monkeypatch.setattr(cpu_features, "default_cpu_dtype", lambda: "float32")
+    fast = _tiny_runner(tiny_models["llama"], "auto")
+    assert fast.dtype_name == "float32" and fast.pad_shapes and not exact.pad_shapes
+    prompt = _prompt(50)
+    results = []
+    for r in (exact, fast):
+        kv = KVCacheManager(r.kv_layout.num_blocks, r.kv_layout.block_size)
+        results.append(_prefill(r, kv, "s", prompt, 16)[0])
+        r.close()
+    torch.testing.assert_close(results[1], results[0], atol=1e-3, rtol=1e-3)
 
 
 def _prompt(n: int, seed: int = 0) -> list[int]:

@@ -166,11 +166,14 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    # oneDNN packs reduced precision only where the CPU runs it natively (it raises otherwise).
-    return (device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
-            and dtype in native_matmul_dtypes()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+def can_pack(dtype: torch.dtype, device: torch.device, exact: bool = False) -> bool:
+    """Whether to pack weights for oneDNN: reduced precision where the CPU runs it natively
+    (oneDNN raises otherwise), and float32 unless exact agreement with `F.linear` is wanted."""
+    if device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    if dtype == torch.float32:
+        return not exact and torch.backends.mkldnn.is_available()
+    return dtype in (torch.bfloat16, torch.float16) and dtype in native_matmul_dtypes()
 
 
 def pack_linears(module: nn.Module, skip: tuple[str, ...] = ()) -> int:
