@@ -1,12 +1,13 @@
 """Attention on the CPU: torch's SDPA against the engine's paged kernel, on the shapes of the
-default model (9 query and 3 KV heads of 64 dims, bfloat16), per forward of 30 layers.
+default model (9 query and 3 KV heads of 64 dims; bfloat16, or what `--dtype auto` means on this
+CPU), per forward of 30 layers.
 
 Cases: decode batches (one query per sequence over its context) and prefill chunks (a chunk of
 n rows over `cached` earlier tokens, causal). Each time is the mean of several calls after a
 warm-up; the KV of the decode case spans 30 layers' worth of distinct memory so it streams from
 DRAM as in a real step. Prints a table and the speedup of the kernel.
 
-    python -m bench.attention_kernels [--threads 2]
+    python -m bench.attention_kernels [--threads 2] [--dtype bfloat16|float32|auto]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import time
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
+DTYPE = {"name": "bfloat16"}  # set once by main()
 PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0))  # (rows, cached tokens)
 DECODE_CASES = ((32, 256), (8, 1024))  # (batch, context)
 
@@ -30,7 +32,7 @@ def _mean_ms(fn, repeats: int = 10) -> float:
 def _cache(num_blocks: int):
     import torch
 
-    keys = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(torch.bfloat16)
+    keys = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
     return keys, torch.randn_like(keys)
 
 
@@ -42,7 +44,7 @@ def prefill_case(ops, rows: int, cached: int) -> tuple[float, float]:
     context = cached + rows
     num_blocks = -(-context // BLOCK)
     k_cache, v_cache = _cache(num_blocks)
-    q = torch.randn(rows, HEADS, HEAD_DIM).to(torch.bfloat16)
+    q = torch.randn(rows, HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
     keys = k_cache.view(-1, KV_HEADS, HEAD_DIM)[:context].transpose(0, 1).unsqueeze(0)
     values = v_cache.view(-1, KV_HEADS, HEAD_DIM)[:context].transpose(0, 1).unsqueeze(0)
     mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
@@ -69,7 +71,7 @@ def decode_case(ops, batch: int, context: int) -> tuple[float, float]:
     layers = [_cache(batch * per_seq) for _ in range(LAYERS)]
     table = torch.arange(batch * per_seq).view(batch, per_seq)
     lengths = torch.full((batch,), context)
-    q = torch.randn(batch, HEADS, HEAD_DIM).to(torch.bfloat16)
+    q = torch.randn(batch, HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
     grouped = q.view(batch, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
 
     def sdpa():
@@ -89,13 +91,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default="~/.cache/splitserve")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "auto"],
+                        help="auto = what the engine's --dtype auto runs on this CPU")
     args = parser.parse_args(argv)
     import torch
 
+    from common.engine.cpu_features import default_cpu_dtype
     from common.engine.ops import make_ops
 
     torch.set_num_threads(args.threads)
-    ops = make_ops(torch.bfloat16, torch.device("cpu"), args.cache_dir)
+    DTYPE["name"] = default_cpu_dtype() if args.dtype == "auto" else args.dtype
+    print(f"dtype: {DTYPE['name']}")
+    ops = make_ops(getattr(torch, DTYPE["name"]), torch.device("cpu"), args.cache_dir)
     if not hasattr(ops, "paged_decode_attention"):
         raise SystemExit("the CPU kernels did not build here: nothing to compare")
     print("| case | SDPA (ms, 30 layers) | paged kernel (ms) | speedup |\n|---|---|---|---|")

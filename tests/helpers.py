@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
@@ -51,3 +53,17 @@ def save_tiny_model(kind: str, out_dir: Path, tokenizer_dir: Path | None, vocab_
     if tokenizer_dir is not None:
         copy_tokenizer(tokenizer_dir, out_dir)
     return out_dir
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "control_plane.cli", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+def assert_one_line_error(result, pattern: str):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert pattern in lines[0], lines[0]

@@ -17,13 +17,13 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from common.block_pool import KVCacheManager
-from common.config import EngineConfig
+from common.config import ConfigError, EngineConfig
 from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
 from common.plan import BatchPlan, ScheduledChunk
@@ -108,9 +108,10 @@ class _Bench:
     def decode_seconds(self, batch: int, context: int, repeats: int) -> float:
         seq_ids = [f"decode-{i}" for i in range(batch)]
         tables = [self.kv.grow(s, context + 1) for s in seq_ids]
-        if any(t is None for t in tables):
-            raise RuntimeError(f"KV pool too small for batch {batch} x {context} tokens")
         try:
+            if any(t is None for t in tables):
+                raise ConfigError(f"KV pool too small for decode batch {batch} x {context} "
+                                  "tokens: raise --num-blocks or leave it unset")
             for seq_id, table in zip(seq_ids, tables):  # fill the context once
                 self.runner.execute(BatchPlan([ScheduledChunk(seq_id, self._tokens(context), 0,
                                                               table)]))
@@ -156,7 +157,7 @@ def prefill_flops_per_token(runner: ModelRunner, num_tokens: int) -> float:
 
 def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     progress = lambda msg: print(msg, file=sys.stderr, flush=True)
-    runner = ModelRunner(config)
+    runner = ModelRunner(_sized_for(config, options))
     bench = _Bench(runner)
     limits = machine_limits(runner.model.embed_tokens.weight.dtype)
     progress(f"machine: {cpu_features.describe()}; "
@@ -184,6 +185,17 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     _print_summary(report)
     runner.close()
     return report
+
+
+def _sized_for(config: EngineConfig, options: ProfileOptions) -> EngineConfig:
+    """Without --num-blocks, a KV pool holding the largest decode batch in any dtype (a fixed
+    memory budget held half as many float32 tokens as bfloat16 ones)."""
+    if config.cache.num_blocks is not None:
+        return config
+    block = config.cache.block_size
+    per_sequence = -(-(options.decode_context + 1) // block)
+    needed = max(options.max_decode_batch * per_sequence, -(-options.max_prefill_tokens // block))
+    return replace(config, cache=replace(config.cache, num_blocks=needed + 1))
 
 
 def _ratios(runner, limits, prefill, decode, chunk_size) -> dict:

@@ -4,25 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-
-def run_cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "control_plane.cli", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          cwd=Path(__file__).resolve().parents[2])
-
-
-def assert_one_line_error(result, pattern: str):
-    assert result.returncode == 2, result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    assert pattern in lines[0], lines[0]
+from helpers import assert_one_line_error, run_cli
 
 
 def test_generate_json_in_input_order_equals_engine(tmp_path):

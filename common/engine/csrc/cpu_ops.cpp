@@ -13,7 +13,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -168,11 +169,65 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
   });
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define SPLITSERVE_AVX2_ATTENTION 1
+// AVX2 machines run float32 by default ("auto"): the key/value row stays in eight-lane
+// registers and is reused for every head of the group, with no copy to scratch.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+inline float sum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+constexpr int64_t kMaxChunks8 = 16;  // head dims up to 128 stay in registers
+
+template <typename T>
+inline bool avx2_group_scores(const float* qf, const T* k, int64_t group, int64_t dim,
+                              float* out, int64_t out_stride) {
+  if (dim % 8 != 0 || dim / 8 > kMaxChunks8) return false;
+  __m256 key[kMaxChunks8];
+  const int64_t chunks = dim / 8;
+  for (int64_t c = 0; c < chunks; ++c) key[c] = load8(k + 8 * c);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* qg = qf + g * dim;
+    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qg), key[0]);
+    for (int64_t c = 1; c < chunks; ++c)
+      acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), key[c], acc);
+    out[g * out_stride] = sum8(acc);
+  }
+  return true;
+}
+
+template <typename T>
+inline bool avx2_group_accumulate(const float* p, int64_t p_stride, const T* v, int64_t group,
+                                  int64_t dim, float* acc) {
+  if (dim % 8 != 0 || dim / 8 > kMaxChunks8) return false;
+  __m256 value[kMaxChunks8];
+  const int64_t chunks = dim / 8;
+  for (int64_t c = 0; c < chunks; ++c) value[c] = load8(v + 8 * c);
+  for (int64_t g = 0; g < group; ++g) {
+    const __m256 w = _mm256_set1_ps(p[g * p_stride]);
+    float* a = acc + g * dim;
+    for (int64_t c = 0; c < chunks; ++c)
+      _mm256_storeu_ps(a + 8 * c, _mm256_fmadd_ps(w, value[c], _mm256_loadu_ps(a + 8 * c)));
+  }
+  return true;
+}
+#endif
+
 // Scores of one query group against one context token: q . k for each of `group` heads.
-// The AVX-512 version keeps the key row in registers and reuses it for every head of the group.
+// The AVX-512 and AVX2 versions keep the key row in registers and reuse it for every head.
 template <typename T>
 inline void group_scores(const float* qf, const T* k, float* kv, int64_t group, int64_t dim,
                          float* out, int64_t out_stride) {
+#if defined(SPLITSERVE_AVX2_ATTENTION)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>)
+    if (avx2_group_scores(qf, k, group, dim, out, out_stride)) return;
+#endif
   load_row(k, kv, dim);
   for (int64_t g = 0; g < group; ++g) {
     float dot = 0.f;
@@ -187,6 +242,10 @@ inline void group_scores(const float* qf, const T* k, float* kv, int64_t group, 
 template <typename T>
 inline void group_accumulate(const float* p, int64_t p_stride, const T* v, float* kv,
                              int64_t group, int64_t dim, float* acc) {
+#if defined(SPLITSERVE_AVX2_ATTENTION)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, at::BFloat16>)
+    if (avx2_group_accumulate(p, p_stride, v, group, dim, acc)) return;
+#endif
   load_row(v, kv, dim);
   for (int64_t g = 0; g < group; ++g) {
     const float w = p[g * p_stride];

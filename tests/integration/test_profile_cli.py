@@ -1,0 +1,37 @@
+"""`splitserve profile` on a tiny model: the report's shape, its ratios, and a too-small pool."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import run_cli
+
+SMALL = ["--max-prefill-tokens", "16", "--max-decode-batch", "4", "--decode-context", "32",
+         "--repeats", "1", "--dtype", "float32"]
+
+
+def test_profile_writes_a_report_with_ratios_and_a_chunk_size(tiny_models, tmp_path):
+    out = tmp_path / "profile"
+    result = run_cli("profile", *SMALL, "--out", str(out), "--model", str(tiny_models["llama"]),
+                     "--cache-dir", str(tmp_path / "cache"))
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "profile.json").read_text())
+    sizes = [row["tokens"] for row in report["prefill"]]
+    assert sizes == [1, 2, 4, 8, 16]
+    assert [row["batch"] for row in report["decode"]] == [1, 2, 4]
+    assert report["recommended_chunk_size"] in sizes
+    assert report["ratios"]["prefill_fraction_of_matmul_rate"] > 0
+    assert report["ratios"]["decode_batch1_over_weight_stream"] > 0
+    assert "native matmul dtypes" in report["cpu"]
+    assert (out / "profile.png").stat().st_size > 0
+    # The knee is recorded for the roles that read it (ChunkSize default).
+    assert (tmp_path / "cache" / "profile.json").exists()
+
+
+def test_profile_with_a_pool_too_small_for_the_batch_says_so(tiny_models, tmp_path):
+    result = run_cli("profile", *SMALL, "--num-blocks", "4", "--out", str(tmp_path / "p"),
+                     "--model", str(tiny_models["llama"]), "--cache-dir", str(tmp_path / "c"))
+    # Progress lines come first; the error is one line at the end, with no traceback.
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "error: KV pool too small for decode batch 2" in result.stderr.splitlines()[-1]
