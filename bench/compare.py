@@ -73,14 +73,16 @@ def system_args(name: str, options: CompareOptions) -> list[str] | None:
 
 class VllmCpuSystem:
     """vLLM's CPU build (bench/vllm_baseline.py) with the default model, two threads: the same
-    cores the splitserve layouts get."""
+    cores the splitserve layouts get, and the dtype splitserve's "auto" runs on this CPU."""
 
     def __init__(self, log: Path) -> None:
         from bench.cluster import free_port
         from bench.vllm_baseline import SERVED_MODEL_NAME, default_model_dir, start_vllm
+        from common.engine.cpu_features import default_cpu_dtype
 
         self.served_name = SERVED_MODEL_NAME
-        self.server = start_vllm(default_model_dir(), port=free_port(), threads=2, log_path=log)
+        self.server = start_vllm(default_model_dir(), port=free_port(), threads=2,
+                                 dtype=default_cpu_dtype(), log_path=log)
         self.url = self.server.url
 
     def model(self) -> str:
