@@ -19,7 +19,7 @@ from common.engine.attention import Segment, TorchAttention
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
 from common.engine.models import CausalLM, build_model
 from common.engine.models.layers import can_pack
-from common.engine.ops import make_ops
+from common.engine.ops import make_ops, skinny_kernels
 from common.engine.sampler import Sampler
 from common.engine.swap import HostSwapSpace, run_swaps
 from common.engine.weights import iter_weights
@@ -92,9 +92,9 @@ class ModelRunner:
         exact = config.model.dtype == "float32"
         # Packed weights run on oneDNN, whose per-shape primitives want bounded row counts.
         self.pad_shapes = can_pack(dtype, self.device, exact=exact)
-        if self.pad_shapes:
-            self.model.pack_for_cpu()
         self.model.ops = make_ops(dtype, self.device, config.model.cache_dir, exact=exact)
+        if self.pad_shapes:
+            self.model.pack_for_cpu(skinny_kernels(self.model.ops, dtype))
         shape = self.model.shape
         self.max_model_len = min(config.model.max_model_len or shape.max_position_embeddings,
                                  shape.max_position_embeddings)

@@ -85,3 +85,11 @@ def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str,
 
     module = cpu_kernels.load(cache_dir)
     return KernelOps(module) if module is not None else TorchOps()
+
+
+def skinny_kernels(ops: TorchOps, dtype: torch.dtype):
+    """The kernels module when it has the skinny float32 linear (AVX2) and `dtype` is float32."""
+    kernels = getattr(ops, "k", None)
+    if dtype == torch.float32 and kernels is not None and kernels.has_skinny_linear():
+        return kernels
+    return None

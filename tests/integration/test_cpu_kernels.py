@@ -87,3 +87,20 @@ def test_paged_decode_attention(kernel_ops, dtype, batch, kv_heads, heads, dim):
                                             torch.tensor(lengths), 0.125)
     ref = _reference_decode(q, k_cache, v_cache, tables, lengths, 0.125)
     torch.testing.assert_close(got, ref, **TOL[dtype])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_linear_equals_f_linear(kernel_ops, rows, with_bias):
+    # Every row tile (1-4 rows, then repeats) and a partial last output block (out 45 = 2x16+13).
+    if not kernel_ops.k.has_skinny_linear():
+        pytest.skip("this CPU has no AVX2+FMA: float32 linears stay on oneDNN")
+    from common.engine.models.layers import PackedLinear
+
+    weight, bias = torch.randn(45, 72), torch.randn(45) if with_bias else None
+    x = torch.randn(rows, 72)
+    layer = PackedLinear(weight, bias, kernel_ops.k)
+    torch.testing.assert_close(layer(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+    strided = torch.randn(rows, 144)[:, ::2]  # not contiguous in its last dimension
+    torch.testing.assert_close(layer(strided), F.linear(strided, weight, bias), atol=1e-4,
+                               rtol=1e-5)

@@ -5,6 +5,7 @@
 //   fused_add_rms_norm  residual += x; x = weight * normalize(residual)     (in place)
 //   rotary_neox         x = rotate(x, cos[pos], sin[pos]) for every head    (in place)
 //   silu_and_mul        out = silu(x[:, :I]) * x[:, I:]
+//   skinny_linear       float32 linear for a few rows on AVX2 (skinny_linear_f32.h)
 //   paged_decode_attention  one query token per sequence against its paged KV blocks, read
 //                           where they lie (no gather), grouped-query heads sharing each KV read;
 //                           bfloat16 on AVX512-BF16 CPUs takes decode_attention_bf16.h.
@@ -378,6 +379,7 @@ void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tenso
 }
 
 #include "decode_attention_bf16.h"
+#include "skinny_linear_f32.h"
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
@@ -450,7 +452,21 @@ std::vector<int64_t> bf16_attention_head_dims() {
 #endif
 }
 
+// Whether this build has the skinny float32 linear kernel (AVX2 with FMA).
+bool has_skinny_linear() {
+#if defined(__AVX2__) && defined(__FMA__)
+  return true;
+#else
+  return false;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("has_skinny_linear", &has_skinny_linear);
+#if defined(__AVX2__) && defined(__FMA__)
+  m.def("skinny_pack", &skinny_f32::pack);
+  m.def("skinny_linear", &skinny_f32::linear);
+#endif
   m.def("bf16_attention_head_dims", &bf16_attention_head_dims);
   m.def("rms_norm", &rms_norm);
   m.def("fused_add_rms_norm", &fused_add_rms_norm);

@@ -74,12 +74,13 @@ class CausalLM(nn.Module, ABC):
                    if hasattr(m, "in_features") and hasattr(m, "out_features")
                    and id(m) not in skip)
 
-    def pack_for_cpu(self) -> None:
-        """Reorder every matmul weight (and the logits matrix) for oneDNN; see PackedLinear."""
+    def pack_for_cpu(self, skinny=None) -> None:
+        """Reorder every matmul weight (and the logits matrix) for oneDNN, and for the skinny
+        kernel when given; see PackedLinear."""
         from common.engine.models.layers import PackedLinear, pack_linears
 
-        pack_linears(self, skip=("lm_head",))  # the logits matrix is packed below
-        self.packed_logits = PackedLinear(self.output_weight(), None)
+        pack_linears(self, skip=("lm_head",), skinny=skinny)  # the logits matrix: below
+        self.packed_logits = PackedLinear(self.output_weight(), None, skinny)
 
 
 MODEL_REGISTRY: Registry[type[CausalLM]] = Registry("model architecture")

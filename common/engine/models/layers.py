@@ -149,21 +149,41 @@ class WeightLoader:
                                  f"e.g. {missing[:3]}")
 
 
+# Up to this many rows, a float32 PackedLinear with the skinny kernel uses it instead of oneDNN
+# (`python -m bench.linear_kernels` on the AVX2 VM: 1.2-2.4x faster up to 64 rows, equal at 128).
+SKINNY_MAX_ROWS = 64
+
+
 class PackedLinear(nn.Module):
     """A linear layer whose weight oneDNN has reordered once for this CPU.
 
     For bfloat16 on CPU this is about twice as fast as `F.linear` for the skinny matmuls of
-    decoding (one to a few dozen rows) and a little faster for prefill chunks.
+    decoding (one to a few dozen rows) and a little faster for prefill chunks. Given `skinny`
+    (the CPU kernels module, float32 on AVX2), it also keeps the weight in the skinny kernel's
+    layout and runs forwards of up to SKINNY_MAX_ROWS rows through it.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, skinny=None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
         self.bias = bias.detach() if bias is not None else None
+        self.skinny = skinny
+        if skinny is not None:
+            self.skinny_weight = skinny.skinny_pack(weight.detach())
+            self.skinny_bias = self.bias if self.bias is not None else weight.new_empty(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.skinny is not None and x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS:
+            return self.skinny_forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def skinny_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [rows, in] through the skinny kernel, whatever the row count."""
+        out = x.new_empty(x.shape[0], self.out_features)
+        self.skinny.skinny_linear(out, x if x.stride(1) == 1 else x.contiguous(),
+                                  self.skinny_weight, self.skinny_bias)
+        return out
 
 
 def can_pack(dtype: torch.dtype, device: torch.device, exact: bool = False) -> bool:
@@ -176,16 +196,16 @@ def can_pack(dtype: torch.dtype, device: torch.device, exact: bool = False) -> b
     return dtype in (torch.bfloat16, torch.float16) and dtype in native_matmul_dtypes()
 
 
-def pack_linears(module: nn.Module, skip: tuple[str, ...] = ()) -> int:
+def pack_linears(module: nn.Module, skip: tuple[str, ...] = (), skinny=None) -> int:
     """Replace every nn.Linear below `module` (but the children named in `skip`) by a
-    PackedLinear. Returns how many."""
+    PackedLinear (with the skinny kernel when given). Returns how many."""
     count = 0
     for name, child in list(module.named_children()):
         if name in skip:
             continue
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child.weight, child.bias))
+            setattr(module, name, PackedLinear(child.weight, child.bias, skinny))
             count += 1
         else:
-            count += pack_linears(child)
+            count += pack_linears(child, skinny=skinny)
     return count

@@ -1,0 +1,62 @@
+"""float32 linear layers on the CPU: `F.linear`, oneDNN's packed weight and the skinny AVX2
+kernel, on the default model's matmul shapes (hidden 576, intermediate 1536), per decode-sized
+row count. The time of one pass over all of a layer's weights (qkv, o, gate_up, down), times
+30 layers; the KV and weights of 30 distinct layers stream from DRAM as in a real step.
+
+    python -m bench.linear_kernels [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out) per layer
+LAYERS = 30
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _mean_ms(fn, repeats: int = 10) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return (time.perf_counter() - start) / repeats * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", default="~/.cache/splitserve")
+    args = parser.parse_args(argv)
+    import torch
+    import torch.nn.functional as F
+
+    from common.engine import cpu_kernels
+    from common.engine.models.layers import PackedLinear
+
+    torch.set_num_threads(args.threads)
+    kernels = cpu_kernels.load(args.cache_dir)
+    if kernels is None or not kernels.has_skinny_linear():
+        raise SystemExit("no skinny float32 kernel on this CPU/build: nothing to compare")
+    weights = [[torch.randn(n, k) for k, n in SHAPES] for _ in range(LAYERS)]
+    packed = [[PackedLinear(w, None) for w in layer] for layer in weights]
+    skinny = [[PackedLinear(w, None, kernels) for w in layer] for layer in weights]
+    print(f"| rows | F.linear (ms, {LAYERS} layers) | oneDNN packed | skinny | "
+          "skinny vs oneDNN |\n|---|---|---|---|---|")
+    for rows in ROWS:
+        inputs = {k: torch.randn(rows, k) for k, _ in SHAPES}
+
+        def run(layers, call):
+            for layer in layers:
+                for (k, _), op in zip(SHAPES, layer):
+                    call(op, inputs[k])
+
+        plain = _mean_ms(lambda: run(weights, lambda w, x: F.linear(x, w)))
+        onednn = _mean_ms(lambda: run(packed, lambda op, x: op(x)))
+        fast = _mean_ms(lambda: run(skinny, lambda op, x: op.skinny_forward(x)))
+        print(f"| {rows} | {plain:.1f} | {onednn:.1f} | {fast:.1f} | {onednn / fast:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
