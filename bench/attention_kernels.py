@@ -21,7 +21,7 @@ PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0))  # (rows, cached t
 DECODE_CASES = ((32, 256), (8, 1024))  # (batch, context)
 
 
-def _mean_ms(fn, repeats: int = 10) -> float:
+def mean_ms(fn, repeats: int = 10) -> float:
     fn()
     start = time.perf_counter()
     for _ in range(repeats):
@@ -59,7 +59,7 @@ def prefill_case(ops, rows: int, cached: int) -> tuple[float, float]:
     def kernel():
         ops.paged_decode_attention(q, k_cache, v_cache, table, lengths, None)
 
-    return LAYERS * _mean_ms(sdpa), LAYERS * _mean_ms(kernel)
+    return LAYERS * mean_ms(sdpa), LAYERS * mean_ms(kernel)
 
 
 def decode_case(ops, batch: int, context: int) -> tuple[float, float]:
@@ -84,7 +84,7 @@ def decode_case(ops, batch: int, context: int) -> tuple[float, float]:
         for k_cache, v_cache in layers:
             ops.paged_decode_attention(q, k_cache, v_cache, table, lengths, None)
 
-    return _mean_ms(sdpa), _mean_ms(kernel)
+    return mean_ms(sdpa), mean_ms(kernel)
 
 
 def main(argv: list[str] | None = None) -> None:

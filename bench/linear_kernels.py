@@ -1,7 +1,7 @@
 """float32 linear layers on the CPU: `F.linear`, oneDNN's packed weight and the skinny AVX2
 kernel, on the default model's matmul shapes (hidden 576, intermediate 1536), per decode-sized
 row count. The time of one pass over all of a layer's weights (qkv, o, gate_up, down), times
-30 layers; the KV and weights of 30 distinct layers stream from DRAM as in a real step.
+30 layers; the weights of 30 distinct layers stream from DRAM as in a real step.
 
     python -m bench.linear_kernels [--threads 2]
 """
@@ -9,19 +9,12 @@ row count. The time of one pass over all of a layer's weights (qkv, o, gate_up, 
 from __future__ import annotations
 
 import argparse
-import time
+
+from bench.attention_kernels import mean_ms
 
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out) per layer
 LAYERS = 30
 ROWS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def _mean_ms(fn, repeats: int = 10) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
                 for (k, _), op in zip(SHAPES, layer):
                     call(op, inputs[k])
 
-        plain = _mean_ms(lambda: run(weights, lambda w, x: F.linear(x, w)))
-        onednn = _mean_ms(lambda: run(packed, lambda op, x: op(x)))
-        fast = _mean_ms(lambda: run(skinny, lambda op, x: op.skinny_forward(x)))
+        plain = mean_ms(lambda: run(weights, lambda w, x: F.linear(x, w)))
+        onednn = mean_ms(lambda: run(packed, lambda op, x: op(x)))
+        fast = mean_ms(lambda: run(skinny, lambda op, x: op.skinny_forward(x)))
         print(f"| {rows} | {plain:.1f} | {onednn:.1f} | {fast:.1f} | {onednn / fast:.2f}x |")
 
 
