@@ -120,9 +120,20 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
     summary["normalized_latency_s"] = ({"mean": statistics.mean(per_token),
                                         "p95": statistics.quantiles(per_token, n=20)[-1]}
                                        if len(per_token) > 1 else None)
+    summary["slowest_ttft"] = slowest_ttft(records, requests)
     if cluster is not None:
         summary["cost"] = cost_report(summary, before, cluster.cluster())
     return summary
+
+
+def slowest_ttft(records: list, requests: list, count: int = 3) -> list[dict]:
+    """The requests behind the TTFT tail, slowest first: what the p99 of a short run is made of,
+    with each one's prompt length, the longest prompt of the run, and when it was sent."""
+    longest = max(r.num_prompt_tokens for r in requests)
+    timed = sorted((r for r in records if r.ttft is not None), key=lambda r: -r.ttft)
+    return [{"index": r.index, "ttft_s": round(r.ttft, 4), "send_time_s": round(r.send_time, 3),
+             "prompt_tokens": requests[r.index].num_prompt_tokens,
+             "longest_prompt_tokens": longest} for r in timed[:count]]
 
 
 def run_system(name: str, options: CompareOptions) -> list[dict]:

@@ -62,3 +62,18 @@ def test_a_seed_where_every_request_failed_still_prints_a_line():
     line = _line({"num_ok": 0, "num_errors": 3, "errors": {"HTTP 503": 3},
                   "ttft_s": {"p50": None, "p99": None}})
     assert line.startswith("no request succeeded; 3 errors")
+
+
+def test_the_ttft_tail_names_its_requests_and_their_prompt_lengths():
+    from bench.client import RequestRecord
+    from bench.compare import slowest_ttft
+    from bench.workload import BenchRequest
+
+    requests = [BenchRequest(f"p{i}", tokens, 16, 16)
+                for i, tokens in enumerate([10, 900, 40, 300])]
+    records = [RequestRecord(0, 0.0, ttft=0.05), RequestRecord(1, 1.0, ttft=2.5),
+               RequestRecord(2, 1.1, ttft=None, error="boom"), RequestRecord(3, 1.2, ttft=0.9)]
+    tail = slowest_ttft(records, requests, count=2)
+    assert [t["index"] for t in tail] == [1, 3]
+    assert [t["prompt_tokens"] for t in tail] == [900, 300]
+    assert tail[0]["longest_prompt_tokens"] == 900 and tail[0]["ttft_s"] == 2.5
