@@ -16,7 +16,6 @@ import argparse
 import time
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
-DTYPE = {"name": "bfloat16"}  # set once by main()
 PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0))  # (rows, cached tokens)
 DECODE_CASES = ((32, 256), (8, 1024))  # (batch, context)
 
@@ -29,22 +28,22 @@ def mean_ms(fn, repeats: int = 10) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def _cache(num_blocks: int):
+def _cache(num_blocks: int, dtype):
     import torch
 
-    keys = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
+    keys = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM).to(dtype)
     return keys, torch.randn_like(keys)
 
 
-def prefill_case(ops, rows: int, cached: int) -> tuple[float, float]:
+def prefill_case(ops, rows: int, cached: int, dtype) -> tuple[float, float]:
     """(SDPA ms, kernel ms) for one chunk, times 30 layers."""
     import torch
     import torch.nn.functional as F
 
     context = cached + rows
     num_blocks = -(-context // BLOCK)
-    k_cache, v_cache = _cache(num_blocks)
-    q = torch.randn(rows, HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
+    k_cache, v_cache = _cache(num_blocks, dtype)
+    q = torch.randn(rows, HEADS, HEAD_DIM).to(dtype)
     keys = k_cache.view(-1, KV_HEADS, HEAD_DIM)[:context].transpose(0, 1).unsqueeze(0)
     values = v_cache.view(-1, KV_HEADS, HEAD_DIM)[:context].transpose(0, 1).unsqueeze(0)
     mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
@@ -62,16 +61,16 @@ def prefill_case(ops, rows: int, cached: int) -> tuple[float, float]:
     return LAYERS * mean_ms(sdpa), LAYERS * mean_ms(kernel)
 
 
-def decode_case(ops, batch: int, context: int) -> tuple[float, float]:
+def decode_case(ops, batch: int, context: int, dtype) -> tuple[float, float]:
     """(SDPA ms, kernel ms) for one decode step over 30 layers of distinct KV."""
     import torch
     import torch.nn.functional as F
 
     per_seq = -(-context // BLOCK)
-    layers = [_cache(batch * per_seq) for _ in range(LAYERS)]
+    layers = [_cache(batch * per_seq, dtype) for _ in range(LAYERS)]
     table = torch.arange(batch * per_seq).view(batch, per_seq)
     lengths = torch.full((batch,), context)
-    q = torch.randn(batch, HEADS, HEAD_DIM).to(getattr(torch, DTYPE["name"]))
+    q = torch.randn(batch, HEADS, HEAD_DIM).to(dtype)
     grouped = q.view(batch, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
 
     def sdpa():
@@ -100,18 +99,19 @@ def main(argv: list[str] | None = None) -> None:
     from common.engine.ops import make_ops
 
     torch.set_num_threads(args.threads)
-    DTYPE["name"] = default_cpu_dtype() if args.dtype == "auto" else args.dtype
-    print(f"dtype: {DTYPE['name']}")
-    ops = make_ops(getattr(torch, DTYPE["name"]), torch.device("cpu"), args.cache_dir)
+    dtype_name = default_cpu_dtype() if args.dtype == "auto" else args.dtype
+    print(f"dtype: {dtype_name}")
+    dtype = getattr(torch, dtype_name)
+    ops = make_ops(dtype, torch.device("cpu"), args.cache_dir)
     if not hasattr(ops, "paged_decode_attention"):
         raise SystemExit("the CPU kernels did not build here: nothing to compare")
     print("| case | SDPA (ms, 30 layers) | paged kernel (ms) | speedup |\n|---|---|---|---|")
     for rows, cached in PREFILL_CASES:
-        sdpa, kernel = prefill_case(ops, rows, cached)
+        sdpa, kernel = prefill_case(ops, rows, cached, dtype)
         print(f"| prefill {rows} rows over {cached} cached | {sdpa:.1f} | {kernel:.1f} | "
               f"{sdpa / kernel:.2f}x |")
     for batch, context in DECODE_CASES:
-        sdpa, kernel = decode_case(ops, batch, context)
+        sdpa, kernel = decode_case(ops, batch, context, dtype)
         print(f"| decode batch {batch} x {context} tokens | {sdpa:.1f} | {kernel:.1f} | "
               f"{sdpa / kernel:.2f}x |")
 

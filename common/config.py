@@ -50,7 +50,7 @@ class ModelConfig:
     def resolved_cache_dir(self) -> Path:
         return Path(self.cache_dir).expanduser()
 
-    def resolved_dtype(self, cpu_default: str = "bfloat16") -> str:
+    def resolved_dtype(self, cpu_default: str) -> str:
         if self.dtype != "auto":
             return self.dtype
         return "float16" if self.device.startswith("cuda") else cpu_default

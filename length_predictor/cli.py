@@ -117,21 +117,17 @@ def _kind_options(args: argparse.Namespace):
 
         return ProbeOptions(hidden_size=args.probe_hidden, epochs=args.probe_epochs,
                             learning_rate=args.probe_lr, seed=args.seed)
+    import torch
+
     from common.engine.cpu_features import default_cpu_dtype
     from length_predictor.classifier import ClassifierOptions
 
     # bfloat16 autocast is a slowdown on CPUs without native bfloat16 matmuls.
-    native_bf16 = torch_cuda_available() or default_cpu_dtype() == "bfloat16"
+    native_bf16 = torch.cuda.is_available() or default_cpu_dtype() == "bfloat16"
     return ClassifierOptions(backbone=args.backbone, num_layers=args.num_layers,
                              train_layers=args.train_layers, max_steps=args.max_steps,
                              batch_size=args.batch_size, learning_rate=args.learning_rate,
                              bf16=not args.no_bf16 and native_bf16, seed=args.seed)
-
-
-def torch_cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def run_train(args: argparse.Namespace) -> int:

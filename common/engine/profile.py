@@ -160,7 +160,8 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     runner = ModelRunner(_sized_for(config, options))
     bench = _Bench(runner)
     limits = machine_limits(runner.model.embed_tokens.weight.dtype)
-    progress(f"machine: {cpu_features.describe()}; "
+    cpu = cpu_features.describe()
+    progress(f"machine: {cpu}; "
              f"{limits['matmul_flops'] / 1e9:.0f} GFLOP/s {runner.dtype_name} matmul, "
              f"{limits['read_bytes_per_s'] / 1e9:.1f} GB/s read")
     sizes = [n for n in PREFILL_SIZES if n <= options.max_prefill_tokens]
@@ -170,7 +171,7 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     chunk_size = _knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,
-        "threads": torch.get_num_threads(), "cpu": cpu_features.describe(), "machine": limits,
+        "threads": torch.get_num_threads(), "cpu": cpu, "machine": limits,
         "prefill": prefill, "decode": decode, "decode_context": options.decode_context,
         "recommended_chunk_size": chunk_size,
         "ratios": _ratios(runner, limits, prefill, decode, chunk_size),

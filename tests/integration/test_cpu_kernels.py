@@ -89,10 +89,10 @@ def test_paged_decode_attention(kernel_ops, dtype, batch, kv_heads, heads, dim):
     torch.testing.assert_close(got, ref, **TOL[dtype])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_linear_equals_f_linear(kernel_ops, rows, with_bias):
-    # Every row tile (1-4 rows, then repeats) and a partial last output block (out 45 = 2x16+13).
+    # Every row tile (1-6 rows, then repeats) and a partial last output block (out 45 = 2x16+13).
     if not kernel_ops.k.has_skinny_linear():
         pytest.skip("this CPU has no AVX2+FMA: float32 linears stay on oneDNN")
     from common.engine.models.layers import PackedLinear

@@ -454,7 +454,7 @@ std::vector<int64_t> bf16_attention_head_dims() {
 
 // Whether this build has the skinny float32 linear kernel (AVX2 with FMA).
 bool has_skinny_linear() {
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(SPLITSERVE_SKINNY_F32)
   return true;
 #else
   return false;
@@ -463,7 +463,7 @@ bool has_skinny_linear() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_skinny_linear", &has_skinny_linear);
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(SPLITSERVE_SKINNY_F32)
   m.def("skinny_pack", &skinny_f32::pack);
   m.def("skinny_linear", &skinny_f32::linear);
 #endif

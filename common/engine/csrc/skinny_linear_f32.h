@@ -9,6 +9,7 @@
 // Threads split the output blocks.
 
 #if defined(__AVX2__) && defined(__FMA__)
+#define SPLITSERVE_SKINNY_F32 1
 namespace skinny_f32 {
 
 constexpr int64_t kCols = 16;     // outputs per packed block: two 8-lane vectors
