@@ -10,6 +10,7 @@ message), `prompt_token_ids` (what the target model's prefill sees: the chat tem
 `finish_reason` ("stop", "length" or "reference"). Prompts longer than the predictor's cutting
 limit are kept; predictors cut their own inputs. Buckets are not stored: they are derived at
 train/eval time (`length_predictor.buckets`), so one dataset serves every granularity.
+Engine labels are journalled as they finish (`label_journal`), so a rerun resumes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from common.errors import InvalidRequestError
 from common.model_files import resolve_model
 from common.sharegpt import all_turns, first_turns, load_sharegpt
 from common.tokenizer import TextTokenizer
+from length_predictor.label_journal import JOURNAL_FILE, LabelJournal
 
 LABEL_SOURCES = ("engine", "reference")
 TURN_MODES = ("first", "all")
@@ -115,34 +117,57 @@ def reference_labels(tokenizer: TextTokenizer, replies: list[str]) -> list[tuple
             for reply in tqdm(replies, desc="tokenizing replies", unit="reply", file=sys.stderr)]
 
 
-def engine_labels(config: EngineConfig, prompts: list[list[int]],
-                  max_output_tokens: int) -> list[tuple[int, str] | None]:
-    """(greedy output length, finish reason) per prompt; None for prompts that cannot run."""
+def engine_labels(config: EngineConfig, pair_ids: list[int], prompts: list[list[int]],
+                  max_output_tokens: int, out_dir: Path) -> list[tuple[int, str] | None]:
+    """(greedy output length, finish reason) per prompt; None for prompts that cannot run.
+
+    Labels already in OUT's journal are reused; every new one is journalled as it finishes.
+    """
+    from common.engine import cpu_features
+
+    header = {"model": config.model.path, "max_output_tokens": max_output_tokens,
+              "dtype": config.model.resolved_dtype(cpu_features.default_cpu_dtype())}
+    journal = LabelJournal(out_dir / JOURNAL_FILE, header)
+    try:
+        todo = [i for i, pair_id in enumerate(pair_ids) if journal.get(pair_id) is None]
+        if todo:
+            _generate_labels(config, pair_ids, prompts, todo, max_output_tokens, journal)
+        return [journal.get(pair_id) for pair_id in pair_ids]
+    finally:
+        journal.close()
+
+
+def _generate_labels(config: EngineConfig, pair_ids: list[int], prompts: list[list[int]],
+                     todo: list[int], max_output_tokens: int, journal: LabelJournal) -> None:
     from common.engine.llm_engine import LLMEngine, check_fits
 
     engine = LLMEngine(config)
     try:
         params = engine.default_params(max_tokens=max_output_tokens, temperature=0.0)
         runnable = []
-        for index, prompt in enumerate(prompts):
+        for index in todo:
             try:
-                check_fits(len(prompt), params, engine.max_model_len, engine.kv)
+                check_fits(len(prompts[index]), params, engine.max_model_len, engine.kv)
                 runnable.append(index)
             except InvalidRequestError:
                 pass  # longer than the context with the output cap: counted as skipped
         eos = set(engine.tokenizer.eos_token_ids)
+
+        def on_finish(result) -> None:
+            # The end-of-turn token is not part of the answer's length.
+            ends_with_eos = bool(result.token_ids) and result.token_ids[-1] in eos
+            journal.record(int(result.request_id), len(result.token_ids) - int(ends_with_eos),
+                           result.finish_reason or "")
+            bar.update(1)
+
         with tqdm(total=len(runnable), desc="generating labels", unit="prompt",
                   file=sys.stderr) as bar:
-            results = engine.generate([prompts[i] for i in runnable], [params] * len(runnable),
-                                      on_finish=lambda _: bar.update(1))
+            bar.write(f"{len(journal)} labels already in {journal.path}; "
+                      f"{len(runnable)} to generate", file=sys.stderr)
+            engine.generate([prompts[i] for i in runnable], [params] * len(runnable),
+                            on_finish=on_finish, request_ids=[str(pair_ids[i]) for i in runnable])
     finally:
         engine.close()
-    labels: list[tuple[int, str] | None] = [None] * len(prompts)
-    for index, result in zip(runnable, results):
-        # The end-of-turn token is not part of the answer's length.
-        ends_with_eos = bool(result.token_ids) and result.token_ids[-1] in eos
-        labels[index] = (len(result.token_ids) - int(ends_with_eos), result.finish_reason or "")
-    return labels
 
 
 def split_examples(examples: list[Example], eval_fraction: float,
@@ -177,7 +202,8 @@ def build_dataset(options: DatasetOptions, config: EngineConfig, out_dir: Path) 
     prompts = [chat_prompt(tokenizer, text) for _, text, _ in
                tqdm(pairs, desc="tokenizing prompts", unit="prompt", file=sys.stderr)]
     if options.labels == "engine":
-        labels = engine_labels(config, prompts, options.max_output_tokens)
+        labels = engine_labels(config, [index for index, _, _ in pairs], prompts,
+                               options.max_output_tokens, out_dir)
     else:
         labels = reference_labels(tokenizer, [reply for _, _, reply in pairs])
     examples = [Example(index, text, prompt, *label)

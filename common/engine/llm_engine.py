@@ -78,12 +78,12 @@ class LLMEngine:
         return self.scheduler.update_from_output(plan, output)
 
     def generate(self, prompts: list[list[int]], params: list[SamplingParams],
-                 on_finish: Callable[[GenerationResult], None] | None = None
-                 ) -> list[GenerationResult]:
+                 on_finish: Callable[[GenerationResult], None] | None = None,
+                 request_ids: list[str] | None = None) -> list[GenerationResult]:
         """Run every prompt to completion; results in input order."""
         results, texts = {}, {}
-        for prompt, p in zip(prompts, params):
-            request_id = self.add_request(prompt, p)
+        for index, (prompt, p) in enumerate(zip(prompts, params)):
+            request_id = self.add_request(prompt, p, request_ids[index] if request_ids else None)
             results[request_id] = GenerationResult(request_id, list(prompt))
             texts[request_id] = TextStream(self.tokenizer, p.stop)
         while self.scheduler.has_work:

@@ -19,6 +19,7 @@ from common.config import EngineConfig, ModelConfig
 from common.engine.llm_engine import LLMEngine
 from length_predictor import cli
 from length_predictor.dataset import load_dataset
+from length_predictor.label_journal import JOURNAL_FILE
 from length_predictor.features import ExtractOptions, FeatureExtractor
 from length_predictor.probe import ProbeOptions, train_head
 
@@ -53,6 +54,23 @@ def test_engine_labels_are_the_greedy_output_lengths(dataset_dir, tiny_models):
     eos = set(engine.tokenizer.eos_token_ids)
     expected = len(result.token_ids) - int(result.token_ids[-1] in eos)
     assert examples[0].num_output_tokens == expected
+
+
+def test_a_rerun_resumes_from_the_label_journal(dataset_dir, tiny_models, tmp_path, capsys):
+    first = load_dataset(dataset_dir)
+    out = tmp_path / "more"
+    out.mkdir()
+    (out / JOURNAL_FILE).write_bytes((dataset_dir / JOURNAL_FILE).read_bytes())
+    capsys.readouterr()
+    assert _run(cli.add_build_dataset_args, cli.run_build_dataset, [
+        "--out", out, "--labels", "engine", "--limit", 16, "--max-output-tokens", 16,
+        "--model", tiny_models["llama"], "--threads", 1, "--kv-memory-gib", 0.1]) == 0
+    labelled = len(first.train) + len(first.eval)
+    assert f"{labelled} labels already in" in capsys.readouterr().err
+    second = load_dataset(out)
+    before = {e.example_id: e.num_output_tokens for e in first.train + first.eval}
+    after = {e.example_id: e.num_output_tokens for e in second.train + second.eval}
+    assert before.items() <= after.items() and len(after) > len(before)
 
 
 def test_train_eval_and_overhead_on_the_slice(dataset_dir, tiny_models, tmp_path):
