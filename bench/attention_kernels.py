@@ -17,7 +17,7 @@ import time
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
 PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0))  # (rows, cached tokens)
-DECODE_CASES = ((32, 256), (8, 1024))  # (batch, context)
+DECODE_CASES = ((32, 256), (8, 1024), (128, 512))  # (batch, context)
 
 
 def mean_ms(fn, repeats: int = 10) -> float:

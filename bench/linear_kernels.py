@@ -1,9 +1,10 @@
-"""float32 linear layers on the CPU: `F.linear`, oneDNN's packed weight and the skinny AVX2
-kernel, on the default model's matmul shapes (hidden 576, intermediate 1536), per decode-sized
-row count. The time of one pass over all of a layer's weights (qkv, o, gate_up, down), times
-30 layers; the weights of 30 distinct layers stream from DRAM as in a real step.
+"""Linear layers on the CPU: `F.linear`, oneDNN's packed weight and the skinny kernel (float32
+on AVX2, bfloat16 on AVX512-BF16), on the default model's matmul shapes (hidden 576,
+intermediate 1536), per decode-sized row count. The time of one pass over all of a layer's
+weights (qkv, o, gate_up, down), times 30 layers; the weights of 30 distinct layers stream from
+DRAM as in a real step.
 
-    python -m bench.linear_kernels [--threads 2]
+    python -m bench.linear_kernels [--threads 2] [--dtype float32|bfloat16|auto]
 """
 
 from __future__ import annotations
@@ -14,31 +15,37 @@ from bench.attention_kernels import mean_ms
 
 SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))  # (in, out) per layer
 LAYERS = 30
-ROWS = (1, 2, 4, 8, 16, 32, 64)
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default="~/.cache/splitserve")
+    parser.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "auto"],
+                        help="auto = what the engine's --dtype auto runs on this CPU")
     args = parser.parse_args(argv)
     import torch
     import torch.nn.functional as F
 
     from common.engine import cpu_kernels
+    from common.engine.cpu_features import default_cpu_dtype
     from common.engine.models.layers import PackedLinear
 
     torch.set_num_threads(args.threads)
+    dtype_name = default_cpu_dtype() if args.dtype == "auto" else args.dtype
+    dtype = getattr(torch, dtype_name)
     kernels = cpu_kernels.load(args.cache_dir)
-    if kernels is None or not kernels.has_skinny_linear():
-        raise SystemExit("no skinny float32 kernel on this CPU/build: nothing to compare")
-    weights = [[torch.randn(n, k) for k, n in SHAPES] for _ in range(LAYERS)]
+    if kernels is None or dtype_name not in kernels.skinny_linear_dtypes():
+        raise SystemExit(f"no skinny {dtype_name} kernel on this CPU/build: nothing to compare")
+    print(f"dtype: {dtype_name}")
+    weights = [[torch.randn(n, k).to(dtype) for k, n in SHAPES] for _ in range(LAYERS)]
     packed = [[PackedLinear(w, None) for w in layer] for layer in weights]
     skinny = [[PackedLinear(w, None, kernels) for w in layer] for layer in weights]
     print(f"| rows | F.linear (ms, {LAYERS} layers) | oneDNN packed | skinny | "
           "skinny vs oneDNN |\n|---|---|---|---|---|")
     for rows in ROWS:
-        inputs = {k: torch.randn(rows, k) for k, _ in SHAPES}
+        inputs = {k: torch.randn(rows, k).to(dtype) for k, _ in SHAPES}
 
         def run(layers, call):
             for layer in layers:

@@ -88,8 +88,9 @@ def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str,
 
 
 def skinny_kernels(ops: TorchOps, dtype: torch.dtype):
-    """The kernels module when it has the skinny float32 linear (AVX2) and `dtype` is float32."""
+    """The kernels module when it has a skinny linear kernel for `dtype` on this CPU (float32
+    on AVX2, bfloat16 on AVX512-BF16)."""
     kernels = getattr(ops, "k", None)
-    if dtype == torch.float32 and kernels is not None and kernels.has_skinny_linear():
+    if kernels is not None and str(dtype).removeprefix("torch.") in kernels.skinny_linear_dtypes():
         return kernels
     return None

@@ -89,18 +89,43 @@ def test_paged_decode_attention(kernel_ops, dtype, batch, kv_heads, heads, dim):
     torch.testing.assert_close(got, ref, **TOL[dtype])
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 13, 16])
+SKINNY_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=1e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_skinny_linear_equals_f_linear(kernel_ops, rows, with_bias):
-    # Every row tile (1-6 rows, then repeats) and a partial last output block (out 45 = 2x16+13).
-    if not kernel_ops.k.has_skinny_linear():
-        pytest.skip("this CPU has no AVX2+FMA: float32 linears stay on oneDNN")
+def test_skinny_linear_equals_f_linear(kernel_ops, dtype, rows, with_bias):
+    # Every row tile (float32: 1-6 rows, bfloat16: 1-8, then repeats) and a partial last output
+    # block (out 45 = 2x16+13 = 32+13).
+    if str(dtype).removeprefix("torch.") not in kernel_ops.k.skinny_linear_dtypes():
+        pytest.skip(f"no skinny {dtype} kernel on this CPU: those linears stay on oneDNN")
     from common.engine.models.layers import PackedLinear
 
-    weight, bias = torch.randn(45, 72), torch.randn(45) if with_bias else None
-    x = torch.randn(rows, 72)
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(45, 72, generator=gen).to(dtype)
+    bias = torch.randn(45, generator=gen).to(dtype) if with_bias else None
     layer = PackedLinear(weight, bias, kernel_ops.k)
-    torch.testing.assert_close(layer(x), F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
-    strided = torch.randn(rows, 144)[:, ::2]  # not contiguous in its last dimension
-    torch.testing.assert_close(layer(strided), F.linear(strided, weight, bias), atol=1e-4,
-                               rtol=1e-5)
+    assert layer.skinny is not None
+
+    def reference(x):  # float32 sums of the same rounded inputs, rounded once
+        b = bias.float() if bias is not None else None
+        return F.linear(x.float(), weight.float(), b).to(dtype)
+
+    x = torch.randn(rows, 72, generator=gen).to(dtype)
+    torch.testing.assert_close(layer.skinny_forward(x), reference(x), **SKINNY_TOL[dtype])
+    strided = torch.randn(rows, 144, generator=gen).to(dtype)[:, ::2]  # not contiguous rows
+    torch.testing.assert_close(layer.skinny_forward(strided), reference(strided),
+                               **SKINNY_TOL[dtype])
+
+
+def test_bfloat16_skinny_kernel_skips_odd_input_widths(kernel_ops):
+    if "bfloat16" not in kernel_ops.k.skinny_linear_dtypes():
+        pytest.skip("no skinny bfloat16 kernel on this CPU")
+    from common.engine.models.layers import PackedLinear
+
+    weight = torch.randn(16, 33).bfloat16()  # the kernel reads input features in pairs
+    layer = PackedLinear(weight, None, kernel_ops.k)
+    assert layer.skinny is None
+    x = torch.randn(2, 33).bfloat16()
+    torch.testing.assert_close(layer(x), F.linear(x, weight), atol=3e-2, rtol=1e-2)

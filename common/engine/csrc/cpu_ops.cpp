@@ -5,7 +5,8 @@
 //   fused_add_rms_norm  residual += x; x = weight * normalize(residual)     (in place)
 //   rotary_neox         x = rotate(x, cos[pos], sin[pos]) for every head    (in place)
 //   silu_and_mul        out = silu(x[:, :I]) * x[:, I:]
-//   skinny_linear       float32 linear for a few rows on AVX2 (skinny_linear_f32.h)
+//   skinny_linear       linear for a few rows: float32 on AVX2 (skinny_linear_f32.h), bfloat16
+//                       on AVX512-BF16 (skinny_linear_bf16.h)
 //   paged_decode_attention  one query token per sequence against its paged KV blocks, read
 //                           where they lie (no gather), grouped-query heads sharing each KV read;
 //                           bfloat16 on AVX512-BF16 CPUs takes decode_attention_bf16.h.
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -380,6 +382,7 @@ void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tenso
 
 #include "decode_attention_bf16.h"
 #include "skinny_linear_f32.h"
+#include "skinny_linear_bf16.h"
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
@@ -452,21 +455,43 @@ std::vector<int64_t> bf16_attention_head_dims() {
 #endif
 }
 
-// Whether this build has the skinny float32 linear kernel (AVX2 with FMA).
-bool has_skinny_linear() {
+// The dtypes the skinny linear kernel handles on this build ("float32" on AVX2 with FMA,
+// "bfloat16" on AVX512-BF16).
+std::vector<std::string> skinny_linear_dtypes() {
+  std::vector<std::string> dtypes;
 #if defined(SPLITSERVE_SKINNY_F32)
-  return true;
-#else
-  return false;
+  dtypes.push_back("float32");
 #endif
+#if defined(SPLITSERVE_SKINNY_BF16)
+  dtypes.push_back("bfloat16");
+#endif
+  return dtypes;
+}
+
+at::Tensor skinny_pack(at::Tensor weight) {
+#if defined(SPLITSERVE_SKINNY_BF16)
+  if (weight.scalar_type() == at::kBFloat16) return skinny_bf16::pack(weight);
+#endif
+#if defined(SPLITSERVE_SKINNY_F32)
+  if (weight.scalar_type() == at::kFloat) return skinny_f32::pack(weight);
+#endif
+  TORCH_CHECK(false, "no skinny linear kernel for ", weight.scalar_type(), " on this build");
+}
+
+void skinny_linear(at::Tensor out, at::Tensor x, at::Tensor packed, at::Tensor bias) {
+#if defined(SPLITSERVE_SKINNY_BF16)
+  if (x.scalar_type() == at::kBFloat16) return skinny_bf16::linear(out, x, packed, bias);
+#endif
+#if defined(SPLITSERVE_SKINNY_F32)
+  if (x.scalar_type() == at::kFloat) return skinny_f32::linear(out, x, packed, bias);
+#endif
+  TORCH_CHECK(false, "no skinny linear kernel for ", x.scalar_type(), " on this build");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("has_skinny_linear", &has_skinny_linear);
-#if defined(SPLITSERVE_SKINNY_F32)
-  m.def("skinny_pack", &skinny_f32::pack);
-  m.def("skinny_linear", &skinny_f32::linear);
-#endif
+  m.def("skinny_linear_dtypes", &skinny_linear_dtypes);
+  m.def("skinny_pack", &skinny_pack);
+  m.def("skinny_linear", &skinny_linear);
   m.def("bf16_attention_head_dims", &bf16_attention_head_dims);
   m.def("rms_norm", &rms_norm);
   m.def("fused_add_rms_norm", &fused_add_rms_norm);

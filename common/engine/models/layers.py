@@ -149,9 +149,10 @@ class WeightLoader:
                                  f"e.g. {missing[:3]}")
 
 
-# Up to this many rows, a float32 PackedLinear with the skinny kernel uses it instead of oneDNN
-# (`python -m bench.linear_kernels` on the AVX2 VM: 1.2-2.4x faster up to 64 rows, equal at 128).
-SKINNY_MAX_ROWS = 64
+# Up to this many rows, a PackedLinear with the skinny kernel uses it instead of oneDNN
+# (`python -m bench.linear_kernels`): float32 on the AVX2 EPYC, 1.2-2.4x faster up to 64 rows,
+# equal at 128; bfloat16 on the AVX512-BF16 EPYC, 1.7-2.7x faster up to 8 rows, equal above.
+SKINNY_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 8}
 
 
 class PackedLinear(nn.Module):
@@ -159,8 +160,8 @@ class PackedLinear(nn.Module):
 
     For bfloat16 on CPU this is about twice as fast as `F.linear` for the skinny matmuls of
     decoding (one to a few dozen rows) and a little faster for prefill chunks. Given `skinny`
-    (the CPU kernels module, float32 on AVX2), it also keeps the weight in the skinny kernel's
-    layout and runs forwards of up to SKINNY_MAX_ROWS rows through it.
+    (the CPU kernels module with a skinny kernel for the weight's dtype), it also keeps the
+    weight in that kernel's layout and runs forwards of up to SKINNY_MAX_ROWS rows through it.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, skinny=None) -> None:
@@ -168,13 +169,14 @@ class PackedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
         self.bias = bias.detach() if bias is not None else None
-        self.skinny = skinny
-        if skinny is not None:
+        self.skinny = skinny if _skinny_fits(weight, skinny) else None
+        self.skinny_max_rows = SKINNY_MAX_ROWS.get(weight.dtype, 0)
+        if self.skinny is not None:
             self.skinny_weight = skinny.skinny_pack(weight.detach())
             self.skinny_bias = self.bias if self.bias is not None else weight.new_empty(0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.skinny is not None and x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS:
+        if self.skinny is not None and x.dim() == 2 and x.shape[0] <= self.skinny_max_rows:
             return self.skinny_forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
@@ -184,6 +186,15 @@ class PackedLinear(nn.Module):
         self.skinny.skinny_linear(out, x if x.stride(1) == 1 else x.contiguous(),
                                   self.skinny_weight, self.skinny_bias)
         return out
+
+
+def _skinny_fits(weight: torch.Tensor, skinny) -> bool:
+    """Whether the skinny kernels module takes this weight (bfloat16 reads inputs in pairs)."""
+    if skinny is None:
+        return False
+    dtype = str(weight.dtype).removeprefix("torch.")
+    even_width = weight.shape[1] % 2 == 0
+    return dtype in skinny.skinny_linear_dtypes() and (dtype != "bfloat16" or even_width)
 
 
 def can_pack(dtype: torch.dtype, device: torch.device, exact: bool = False) -> bool:
