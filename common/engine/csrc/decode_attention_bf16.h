@@ -45,11 +45,16 @@ inline __m512bh load_bh(const at::BFloat16* p) {
 
 // Asks for the 64-byte lines [base + rows[t], + 32 * lines) of tokens [from, to) before use:
 // a sequence's blocks lie anywhere in the cache, which the hardware prefetcher does not follow.
+// Into L2, not L1: on the fourth session's 2-core Zen 4 VM, prefetches into L1 stalled on the
+// few L1 miss buffers (13% of the scores pass sat on the instruction after one) and decode
+// streamed 16 GB/s; into L2 it streams 23-29 GB/s, about what two cores read, and prefill
+// chunks (whose blocks are in cache already) run the same (`python -m bench.attention_kernels`).
+// The L1 hint had been tuned on an earlier Zen 4 VM (33 GB/s there), not available to compare.
 inline void prefetch_rows(const at::BFloat16* base, const int64_t* rows, int64_t from,
                           int64_t to, int lines) {
   for (int64_t t = from; t < to; ++t)
     for (int l = 0; l < lines; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(base + rows[t] + 32 * l), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(base + rows[t] + 32 * l), _MM_HINT_T1);
 }
 
 // scale * q . k_j for one query head and the n <= 16 tokens whose rows are rows[0 .. n).
