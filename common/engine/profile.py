@@ -1,7 +1,8 @@
 """`splitserve profile`: measure the engine against this machine's own limits, in one run.
 
 - Prefill throughput against tokens per forward (1..2048). The saturation knee, the smallest
-  size reaching 90% of the best throughput, is the recommended ChunkSize.
+  size from which throughput stays within 90% of the best up to the best size, is the
+  recommended ChunkSize.
 - Decode throughput against batch size (1..128), every sequence holding `decode_context` tokens.
 - The machine: bfloat16 matmul rate (a large square matmul) and memory read bandwidth.
 - Ratios: prefill model FLOP/s at ChunkSize over the matmul rate; decode step time at batch 1 over
@@ -123,9 +124,16 @@ class _Bench:
                 self.kv.free(seq_id)
 
 
-def _knee(sizes: list[int], throughputs: list[float]) -> int:
-    best = max(throughputs)
-    return next(n for n, t in zip(sizes, throughputs) if t >= KNEE_FRACTION * best)
+def knee(sizes: list[int], throughputs: list[float]) -> int:
+    """The smallest size from which throughput stays within KNEE_FRACTION of the best up to
+    the best size: one noisy fast point below the saturation (a shared machine gives those)
+    does not count as the knee."""
+    best_at = max(range(len(sizes)), key=throughputs.__getitem__)
+    floor = KNEE_FRACTION * throughputs[best_at]
+    start = best_at
+    while start > 0 and throughputs[start - 1] >= floor:
+        start -= 1
+    return sizes[start]
 
 
 def profile_prefill(bench: _Bench, sizes: list[int], repeats: int, progress) -> list[dict]:
@@ -168,7 +176,7 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     prefill = profile_prefill(bench, sizes, options.repeats, progress)
     batches = [b for b in DECODE_BATCHES if b <= options.max_decode_batch]
     decode = profile_decode(bench, batches, options.decode_context, options.repeats, progress)
-    chunk_size = _knee(sizes, [r["tokens_per_s"] for r in prefill])
+    chunk_size = knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,
         "threads": torch.get_num_threads(), "cpu": cpu, "machine": limits,
