@@ -59,14 +59,9 @@ inline void tile(const float* x, int64_t x_stride, const float* block, int64_t k
 
 inline void tile_rows(int64_t rows, const float* x, int64_t x_stride, const float* block,
                       int64_t k0, int64_t k1, float* sums) {
-  switch (rows) {
-    case 1: tile<1>(x, x_stride, block, k0, k1, sums); break;
-    case 2: tile<2>(x, x_stride, block, k0, k1, sums); break;
-    case 3: tile<3>(x, x_stride, block, k0, k1, sums); break;
-    case 4: tile<4>(x, x_stride, block, k0, k1, sums); break;
-    case 5: tile<5>(x, x_stride, block, k0, k1, sums); break;
-    default: tile<6>(x, x_stride, block, k0, k1, sums); break;
-  }
+  with_row_count<kRowTile>(rows, [&](auto r) {
+    tile<decltype(r)::value>(x, x_stride, block, k0, k1, sums);
+  });
 }
 
 // out [M, N] = x [M, K] @ weight^T (+ bias), weight given as pack(weight); bias may be empty.
