@@ -381,19 +381,8 @@ void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tenso
   });
 }
 
-// Calls fn(std::integral_constant<int, R>{}) with R = rows, or MaxR for more rows: the skinny
-// kernels' register tiles take their row count as a template argument.
-template <int MaxR, int R = 1, typename Fn>
-inline void with_row_count(int64_t rows, Fn&& fn) {
-  if constexpr (R == MaxR) {
-    fn(std::integral_constant<int, R>{});
-  } else {
-    if (rows == R) return fn(std::integral_constant<int, R>{});
-    with_row_count<MaxR, R + 1>(rows, std::forward<Fn>(fn));
-  }
-}
-
 #include "decode_attention_bf16.h"
+#include "skinny_linear_common.h"
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
 

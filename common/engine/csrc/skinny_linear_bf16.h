@@ -83,27 +83,10 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed, const
               "shapes do not match the packed weight");
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.is_contiguous() &&
                                     bias.scalar_type() == at::kBFloat16), "bias: [N] bfloat16");
-  const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
-  const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
-  const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
-  const int64_t x_stride = x.stride(0), blocks = (n + kCols - 1) / kCols;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(m * kCols);
-    for (int64_t b = begin; b < end; ++b) {
-      const at::BFloat16* block = wp + b * k * kCols;
-      std::fill(sums.begin(), sums.end(), 0.f);
-      for (int64_t p0 = 0; p0 < pairs; p0 += kSlicePairs)
-        for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
-          tile_rows(std::min(kRowTile, m - r0), xp + r0 * x_stride, x_stride, block, p0,
-                    std::min(pairs, p0 + kSlicePairs), sums.data() + r0 * kCols);
-      const int64_t col0 = b * kCols, cols = std::min(kCols, n - col0);
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          op[r * n + col0 + c] = at::BFloat16(
-              sums[r * kCols + c] + (bp != nullptr ? static_cast<float>(bp[col0 + c]) : 0.f));
-    }
-  });
+  sweep_blocks<at::BFloat16, kCols, kRowTile>(
+      x.data_ptr<at::BFloat16>(), x.stride(0), m, packed.data_ptr<at::BFloat16>(), k, n, pairs,
+      kSlicePairs, bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr,
+      out.data_ptr<at::BFloat16>(), [](auto... a) { tile_rows(a...); });
 }
 
 }  // namespace skinny_bf16

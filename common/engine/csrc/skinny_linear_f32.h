@@ -65,8 +65,7 @@ inline void tile_rows(int64_t rows, const float* x, int64_t x_stride, const floa
 }
 
 // out [M, N] = x [M, K] @ weight^T (+ bias), weight given as pack(weight); bias may be empty.
-// Every row tile passes over one slice of the block (kSlice input features, 8 KB) before the
-// next slice is touched, so the weights stream from memory once, at one steady pace.
+// Row tiles sweep slices of kSlice input features (8 KB of a block) at a time.
 void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed, const at::Tensor& bias) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "float32 only");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && out.is_contiguous(), "x rows, out contiguous");
@@ -75,26 +74,11 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed, const
               "shapes do not match the packed weight");
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.is_contiguous()), "bias: [N]");
   constexpr int64_t kSlice = 128;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
-  const float* bp = bias.numel() ? bias.data_ptr<float>() : nullptr;
-  float* op = out.data_ptr<float>();
-  const int64_t x_stride = x.stride(0), blocks = (n + kCols - 1) / kCols;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> sums(m * kCols);
-    for (int64_t b = begin; b < end; ++b) {
-      const float* block = wp + b * k * kCols;
-      std::fill(sums.begin(), sums.end(), 0.f);
-      for (int64_t k0 = 0; k0 < k; k0 += kSlice)
-        for (int64_t r0 = 0; r0 < m; r0 += kRowTile)
-          tile_rows(std::min(kRowTile, m - r0), xp + r0 * x_stride, x_stride, block, k0,
-                    std::min(k, k0 + kSlice), sums.data() + r0 * kCols);
-      const int64_t col0 = b * kCols, cols = std::min(kCols, n - col0);
-      for (int64_t r = 0; r < m; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          op[r * n + col0 + c] = sums[r * kCols + c] + (bp != nullptr ? bp[col0 + c] : 0.f);
-    }
-  });
+  sweep_blocks<float, kCols, kRowTile>(x.data_ptr<float>(), x.stride(0), m,
+                                       packed.data_ptr<float>(), k, n, k, kSlice,
+                                       bias.numel() ? bias.data_ptr<float>() : nullptr,
+                                       out.data_ptr<float>(),
+                                       [](auto... a) { tile_rows(a...); });
 }
 
 }  // namespace skinny_f32
