@@ -3,7 +3,8 @@ default model (9 query and 3 KV heads of 64 dims; bfloat16, or what `--dtype aut
 CPU), per forward of 30 layers.
 
 Cases: decode batches (one query per sequence over its context) and prefill chunks (a chunk of
-n rows over `cached` earlier tokens, causal). Each time is the mean of several calls after a
+n rows over `cached` earlier tokens, causal), the latter also through the decode kernel with one
+query row per task (how prefill chunks ran before the tiled prefill kernel). Each time is the mean of several calls after a
 warm-up; the KV of the decode case spans 30 layers' worth of distinct memory so it streams from
 DRAM as in a real step. Prints a table and the speedup of the kernel.
 
@@ -16,7 +17,7 @@ import argparse
 import time
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK, LAYERS = 9, 3, 64, 16, 30
-PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0))  # (rows, cached tokens)
+PREFILL_CASES = ((128, 0), (128, 512), (128, 1920), (512, 0), (1024, 0))  # (rows, cached tokens)
 DECODE_CASES = ((32, 256), (8, 1024), (128, 512))  # (batch, context)
 
 
@@ -35,8 +36,8 @@ def _cache(num_blocks: int, dtype):
     return keys, torch.randn_like(keys)
 
 
-def prefill_case(ops, rows: int, cached: int, dtype) -> tuple[float, float]:
-    """(SDPA ms, kernel ms) for one chunk, times 30 layers."""
+def prefill_case(ops, rows: int, cached: int, dtype) -> tuple[float, float, float]:
+    """(SDPA, row-per-task decode kernel, prefill kernel) ms for one chunk, times 30 layers."""
     import torch
     import torch.nn.functional as F
 
@@ -48,17 +49,21 @@ def prefill_case(ops, rows: int, cached: int, dtype) -> tuple[float, float]:
     values = v_cache.view(-1, KV_HEADS, HEAD_DIM)[:context].transpose(0, 1).unsqueeze(0)
     mask = torch.arange(context)[None, :] <= torch.arange(cached, context)[:, None]
     query = q.transpose(0, 1).unsqueeze(0)
-    table = torch.arange(num_blocks)[None, :].expand(rows, -1)
+    table = torch.arange(num_blocks)
     lengths = torch.arange(cached + 1, context + 1)
+    out = torch.empty_like(q)
 
     def sdpa():
         F.scaled_dot_product_attention(query, keys, values, attn_mask=mask if cached else None,
                                        is_causal=not cached, enable_gqa=True)
 
-    def kernel():
-        ops.paged_decode_attention(q, k_cache, v_cache, table, lengths, None)
+    def per_row():
+        ops.paged_decode_attention(q, k_cache, v_cache, table.expand(rows, -1), lengths, None)
 
-    return LAYERS * mean_ms(sdpa), LAYERS * mean_ms(kernel)
+    def tiled():
+        ops.paged_prefill_attention(out, q, k_cache, v_cache, table, cached, None)
+
+    return LAYERS * mean_ms(sdpa), LAYERS * mean_ms(per_row), LAYERS * mean_ms(tiled)
 
 
 def decode_case(ops, batch: int, context: int, dtype) -> tuple[float, float]:
@@ -105,11 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     ops = make_ops(dtype, torch.device("cpu"), args.cache_dir)
     if not hasattr(ops, "paged_decode_attention"):
         raise SystemExit("the CPU kernels did not build here: nothing to compare")
-    print("| case | SDPA (ms, 30 layers) | paged kernel (ms) | speedup |\n|---|---|---|---|")
+    print("| prefill case | SDPA (ms, 30 layers) | decode kernel, row per task (ms) | "
+          "prefill kernel (ms) | prefill kernel vs SDPA |\n|---|---|---|---|---|")
     for rows, cached in PREFILL_CASES:
-        sdpa, kernel = prefill_case(ops, rows, cached, dtype)
-        print(f"| prefill {rows} rows over {cached} cached | {sdpa:.1f} | {kernel:.1f} | "
-              f"{sdpa / kernel:.2f}x |")
+        sdpa, per_row, tiled = prefill_case(ops, rows, cached, dtype)
+        print(f"| {rows} rows over {cached} cached | {sdpa:.1f} | {per_row:.1f} | {tiled:.1f} | "
+              f"{sdpa / tiled:.2f}x |")
+    print("\n| decode case | SDPA (ms, 30 layers) | paged kernel (ms) | speedup |\n|---|---|---|---|")
     for batch, context in DECODE_CASES:
         sdpa, kernel = decode_case(ops, batch, context, dtype)
         print(f"| decode batch {batch} x {context} tokens | {sdpa:.1f} | {kernel:.1f} | "

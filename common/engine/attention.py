@@ -68,8 +68,8 @@ class TorchAttention:
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
         # Prefill chunks through the paged kernel too, where it is the faster path (ops decide).
-        self.paged_prefill = ops.paged_prefill_attention(DTYPE_BY_NAME[layout.dtype],
-                                                         layout.head_dim)
+        self.paged_prefill = ops.has_prefill_kernel(DTYPE_BY_NAME[layout.dtype],
+                                                    layout.head_dim)
         decodes = _leading_single_token(segments)
         self.num_decode = len(decodes)
         self.decode_blocks = self.decode_mask = None
@@ -100,8 +100,7 @@ class TorchAttention:
         if self.paged_prefill:  # query row i attends to the first num_cached + i + 1 tokens
             num_blocks = -(-seg.num_context // block_size)
             table = torch.tensor(seg.block_ids[:num_blocks], dtype=torch.long, device=device)
-            lengths = torch.arange(seg.num_cached + 1, seg.num_context + 1, device=device)
-            return seg, table.expand(seg.num_tokens, -1), lengths
+            return seg, table, None
         if seg.num_cached == 0:
             return seg, None, None  # attends only to its own new tokens: plain causal
         num_blocks = -(-seg.num_context // block_size)
@@ -127,9 +126,9 @@ class TorchAttention:
             out[seg.start: seg.start + seg.num_tokens] = 0
         for seg, blocks, mask in self.prefills:
             rows = slice(seg.start, seg.start + seg.num_tokens)
-            if self.paged_prefill:  # blocks: [rows, blocks] table; mask: context lengths
-                out[rows] = self.ops.paged_decode_attention(q[rows], k_cache, v_cache, blocks,
-                                                            mask, scale)
+            if self.paged_prefill:  # blocks: the sequence's block table
+                self.ops.paged_prefill_attention(out[rows], q[rows], k_cache, v_cache, blocks,
+                                                 seg.num_cached, scale)
                 continue
             out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, blocks, mask,
                                       seg.num_context, scale)

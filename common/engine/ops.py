@@ -17,8 +17,8 @@ class TorchOps:
     name = "torch"
     has_decode_kernel = False
 
-    def paged_prefill_attention(self, dtype: torch.dtype, head_dim: int) -> bool:
-        """Whether prefill chunks should attend through `paged_decode_attention` too."""
+    def has_prefill_kernel(self, dtype: torch.dtype, head_dim: int) -> bool:
+        """Whether prefill chunks should attend through `paged_prefill_attention`."""
         return False
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm
@@ -44,10 +44,10 @@ class KernelOps(TorchOps):
         self.k = module
         self.bf16_head_dims = set(module.bf16_attention_head_dims())
 
-    def paged_prefill_attention(self, dtype, head_dim):
-        # Measured (`python -m bench.attention_kernels`, docs/engine.md): the AVX512-BF16
-        # kernel, one query row per task, beats torch's flash attention for 128-token chunks by
-        # about 2x and by 1.15-1.4x with 512-1920 cached tokens; the generic kernel does not.
+    def has_prefill_kernel(self, dtype, head_dim):
+        # Measured (`python -m bench.attention_kernels`, docs/engine.md): the AVX512-BF16 tiled
+        # kernel beats torch's flash attention for prefill chunks at every cached length; the
+        # generic kernel does not.
         return dtype == torch.bfloat16 and head_dim in self.bf16_head_dims
 
     def add_rms_norm(self, x, residual, norm):
@@ -73,6 +73,14 @@ class KernelOps(TorchOps):
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         self.k.paged_decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale)
         return out
+
+
+    def paged_prefill_attention(self, out, q, k_cache, v_cache, block_table, num_cached: int,
+                                scale: float | None) -> None:
+        """Writes into `out` (rows of q's shape) the attention of one sequence's prefill chunk:
+        q row i sees the first num_cached + i + 1 tokens of the blocks in `block_table`."""
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        self.k.paged_prefill_attention(out, q, k_cache, v_cache, block_table, num_cached, scale)
 
 
 def make_ops(dtype: torch.dtype, device: torch.device, cache_dir: str,

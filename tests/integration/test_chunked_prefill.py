@@ -164,13 +164,12 @@ def test_paged_prefill_attention_matches_torch_attention(default_model, monkeypa
                           cache=CacheConfig(num_blocks=64, block_size=16))
     runner = ModelRunner(config)
     try:
-        if not runner.model.ops.paged_prefill_attention(torch.bfloat16,
-                                                        runner.kv_layout.head_dim):
+        if not runner.model.ops.has_prefill_kernel(torch.bfloat16, runner.kv_layout.head_dim):
             pytest.skip("this CPU has no AVX512-BF16: prefill chunks use torch attention")
         kv = KVCacheManager(runner.kv_layout.num_blocks, runner.kv_layout.block_size)
         prompt = _prompt(75, 6)
         paged, _ = _prefill(runner, kv, "paged", prompt, 32)
-        monkeypatch.setattr(type(runner.model.ops), "paged_prefill_attention",
+        monkeypatch.setattr(type(runner.model.ops), "has_prefill_kernel",
                             lambda self, dtype, head_dim: False)
         torch_path, _ = _prefill(runner, kv, "torch", prompt, 32)
     finally:

@@ -89,6 +89,36 @@ def test_paged_decode_attention(kernel_ops, dtype, batch, kv_heads, heads, dim):
     torch.testing.assert_close(got, ref, **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,cached", [(2, 0), (7, 0), (16, 5), (37, 0), (40, 90), (130, 17)])
+@pytest.mark.parametrize("kv_heads,heads,dim,block_size",
+                         [(3, 9, 64, 16), (2, 8, 128, 16), (1, 7, 64, 8), (4, 4, 32, 16),
+                          (3, 9, 64, 32)])
+def test_paged_prefill_attention(kernel_ops, dtype, tokens, cached, kv_heads, heads, dim,
+                                 block_size):
+    """A chunk's row i sees the first cached + i + 1 tokens, wherever the blocks lie; cache
+    slots past the context hold NaN, which must not leak into the output."""
+    gen = torch.Generator().manual_seed(tokens + cached)
+    num_blocks = 64
+    shape = (num_blocks, block_size, kv_heads, dim)
+    k_cache = torch.full(shape, float("nan")).to(dtype)
+    v_cache = torch.full(shape, float("nan")).to(dtype)
+    length = cached + tokens
+    table = torch.randperm(num_blocks, generator=gen)[: -(-length // block_size)]
+    flat = (table[:, None] * block_size + torch.arange(block_size)).flatten()[:length]
+    k_cache.view(-1, kv_heads, dim)[flat] = torch.randn(length, kv_heads, dim, generator=gen).to(dtype)
+    v_cache.view(-1, kv_heads, dim)[flat] = torch.randn(length, kv_heads, dim, generator=gen).to(dtype)
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    wide = torch.zeros(tokens + 3, heads, dim, dtype=dtype)  # out as a row range of a bigger tensor
+    kernel_ops.paged_prefill_attention(wide[2: 2 + tokens], q, k_cache, v_cache, table, cached,
+                                       0.125)
+    tables = [table.tolist()] * tokens
+    lengths = list(range(cached + 1, length + 1))
+    ref = _reference_decode(q, k_cache, v_cache, tables, lengths, 0.125)
+    torch.testing.assert_close(wide[2: 2 + tokens], ref, **TOL[dtype])
+    assert not wide[:2].any() and not wide[2 + tokens:].any()
+
+
 SKINNY_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=1e-2)}
 
 

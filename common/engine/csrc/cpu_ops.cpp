@@ -23,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -382,6 +384,7 @@ void decode_attention_impl(at::Tensor& out, const at::Tensor& q, const at::Tenso
 }
 
 #include "decode_attention_bf16.h"
+#include "prefill_attention_bf16.h"
 #include "skinny_linear_common.h"
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
@@ -447,6 +450,35 @@ void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at
                                   });
 }
 
+// One prefill chunk of one sequence: q [tokens, heads, dim], whose row i attends to the first
+// num_cached + i + 1 tokens of the blocks in block_table (1-D int64; the chunk's own keys and
+// values already stored). With AVX512-BF16, bfloat16 and a supported head dim, the tiled kernel;
+// otherwise every row goes through paged_decode_attention with its own context length.
+void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                             at::Tensor block_table, int64_t num_cached, double scale) {
+  check_rows(q, "q");
+  check_rows(out, "out");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
+  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 1 &&
+                  block_table.is_contiguous(), "block_table: contiguous 1-D int64");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(num_cached >= 0 &&
+                  block_table.numel() * k_cache.size(1) >= num_cached + q.size(0),
+              "block_table holds fewer tokens than num_cached + the chunk");
+#if defined(__AVX512BF16__)
+  // The kernel gathers key pairs by 32-bit word offsets into the cache.
+  const bool offsets_fit = k_cache.numel() / 2 < std::numeric_limits<int32_t>::max();
+  if (q.scalar_type() == at::kBFloat16 && bf16_decode::supports(q.size(2)) && offsets_fit) {
+    bf16_prefill::prefill_attention(out, q, k_cache, v_cache, block_table, num_cached, scale);
+    return;
+  }
+#endif
+  const int64_t tokens = q.size(0);
+  const auto lens = at::arange(num_cached + 1, num_cached + tokens + 1, block_table.options());
+  paged_decode_attention(out, q, k_cache, v_cache, block_table.unsqueeze(0).expand({tokens, -1}),
+                         lens, scale);
+}
+
 // Head dims the bfloat16 paged attention kernel handles on this build ([] without AVX512-BF16):
 // there it also beats torch's attention for prefill chunks, which the runner then routes to it.
 std::vector<int64_t> bf16_attention_head_dims() {
@@ -500,4 +532,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_neox", &rotary_neox);
   m.def("silu_and_mul", &silu_and_mul);
   m.def("paged_decode_attention", &paged_decode_attention);
+  m.def("paged_prefill_attention", &paged_prefill_attention);
 }
