@@ -97,18 +97,24 @@ class _Bench:
     def _tokens(self, n: int) -> list[int]:
         return torch.randint(100, self.vocab - 100, (n,)).tolist()
 
-    def prefill_seconds(self, num_tokens: int, repeats: int) -> float:
-        seq_id = "prefill"
+    def prefill_plan(self, num_tokens: int):
+        """(plan of a fresh prefill of num_tokens, function freeing its blocks)."""
+        seq_id = f"prefill-{self.counter}"
+        self.counter += 1
         blocks = self.kv.grow(seq_id, num_tokens)
         plan = BatchPlan([ScheduledChunk(seq_id, self._tokens(num_tokens), 0, blocks, GREEDY)])
-        try:
-            return _timed(lambda: self.runner.execute(plan), repeats)
-        finally:
-            self.kv.free(seq_id)
+        return plan, lambda: self.kv.free(seq_id)
 
-    def decode_seconds(self, batch: int, context: int, repeats: int) -> float:
-        seq_ids = [f"decode-{i}" for i in range(batch)]
+    def decode_plan(self, batch: int, context: int):
+        """(plan of one decode step of `batch` sequences with `context` tokens each in the
+        cache, function freeing their blocks)."""
+        seq_ids = [f"decode-{self.counter}-{i}" for i in range(batch)]
+        self.counter += 1
         tables = [self.kv.grow(s, context + 1) for s in seq_ids]
+
+        def release():
+            for seq_id in seq_ids:
+                self.kv.free(seq_id)
         try:
             if any(t is None for t in tables):
                 raise ConfigError(f"KV pool too small for decode batch {batch} x {context} "
@@ -116,12 +122,26 @@ class _Bench:
             for seq_id, table in zip(seq_ids, tables):  # fill the context once
                 self.runner.execute(BatchPlan([ScheduledChunk(seq_id, self._tokens(context), 0,
                                                               table)]))
-            plan = BatchPlan([ScheduledChunk(s, self._tokens(1), context, t, GREEDY, 1)
-                              for s, t in zip(seq_ids, tables)])
+        except BaseException:
+            release()
+            raise
+        plan = BatchPlan([ScheduledChunk(s, self._tokens(1), context, t, GREEDY, 1)
+                          for s, t in zip(seq_ids, tables)])
+        return plan, release
+
+    def prefill_seconds(self, num_tokens: int, repeats: int) -> float:
+        plan, release = self.prefill_plan(num_tokens)
+        try:
             return _timed(lambda: self.runner.execute(plan), repeats)
         finally:
-            for seq_id in seq_ids:
-                self.kv.free(seq_id)
+            release()
+
+    def decode_seconds(self, batch: int, context: int, repeats: int) -> float:
+        plan, release = self.decode_plan(batch, context)
+        try:
+            return _timed(lambda: self.runner.execute(plan), repeats)
+        finally:
+            release()
 
 
 def knee(sizes: list[int], throughputs: list[float]) -> int:

@@ -35,3 +35,22 @@ def test_profile_with_a_pool_too_small_for_the_batch_says_so(tiny_models, tmp_pa
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "error: KV pool too small for decode batch 2" in result.stderr.splitlines()[-1]
+
+
+def test_forward_breakdown_times_each_part(tiny_models, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.forward_breakdown", "--model", str(tiny_models["llama"]),
+         "--prefill", "8", "--decode", "2", "--context", "16", "--repeats", "2",
+         "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    tables = result.stdout.strip().split("\n\n")
+    assert "prefill 8 tokens" in tables[0] and "decode batch 2 x 16 tokens" in tables[1]
+    for table in tables:
+        parts = dict(line.strip("|").split("|") for line in table.splitlines()
+                     if line.startswith("| ") and "ms per" not in line)
+        times = {k.strip(): float(v) for k, v in parts.items()}
+        assert times["execute"] > 0 and 0 < times["linear"] <= times["execute"]
+        assert times["attention"] <= times["execute"]
