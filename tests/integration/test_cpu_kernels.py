@@ -25,10 +25,11 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 5, 64])
-def test_add_rms_norm(kernel_ops, dtype, rows):
-    norm = RMSNorm(96, 1e-5).to(dtype)
-    norm.weight.data = torch.randn(96).to(dtype)
-    x, residual = torch.randn(rows, 96, dtype=dtype), torch.randn(rows, 96, dtype=dtype)
+@pytest.mark.parametrize("width", [96, 100])  # 100: a partial last vector of 16
+def test_add_rms_norm(kernel_ops, dtype, rows, width):
+    norm = RMSNorm(width, 1e-5).to(dtype)
+    norm.weight.data = torch.randn(width).to(dtype)
+    x, residual = torch.randn(rows, width, dtype=dtype), torch.randn(rows, width, dtype=dtype)
     ref_out, ref_res = TorchOps().add_rms_norm(x.clone(), residual.clone(), norm)
     out, res = kernel_ops.add_rms_norm(x.clone(), residual.clone(), norm)
     torch.testing.assert_close(res, ref_res, **TOL[dtype])
@@ -51,8 +52,9 @@ def test_rotary_in_place_on_strided_heads(kernel_ops, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 33])
-def test_silu_and_mul(kernel_ops, dtype, rows):
-    gate_up = torch.randn(rows, 2 * 80, dtype=dtype) * 4
+@pytest.mark.parametrize("width", [80, 70])
+def test_silu_and_mul(kernel_ops, dtype, rows, width):
+    gate_up = torch.randn(rows, 2 * width, dtype=dtype) * 4
     torch.testing.assert_close(kernel_ops.silu_and_mul(gate_up), TorchOps().silu_and_mul(gate_up),
                                **TOL[dtype])
 

@@ -94,6 +94,8 @@ inline float fast_exp(float x) {
   return y * scale;
 }
 
+#include "elementwise_bf16.h"
+
 template <typename T>
 void rms_norm_impl(at::Tensor& out, const at::Tensor& x, const at::Tensor& weight, double eps,
                    at::Tensor* residual) {
@@ -105,6 +107,16 @@ void rms_norm_impl(at::Tensor& out, const at::Tensor& x, const at::Tensor& weigh
   T* res_ptr = residual ? residual->data_ptr<T>() : nullptr;
   std::vector<float> w(n);
   load_row(weight.data_ptr<T>(), w.data(), n);
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        bf16_rows::rms_norm_row(x_ptr + r * x_stride, res_ptr ? res_ptr + r * res_stride : nullptr,
+                                out_ptr + r * out_stride, w.data(), n, static_cast<float>(eps));
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     std::vector<float> row(n), other(n);
     std::vector<T> scratch(n);
@@ -163,6 +175,16 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
   const T* in = x.data_ptr<T>();
   T* o = out.data_ptr<T>();
   const int64_t in_stride = x.stride(0), out_stride = out.stride(0);
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        bf16_rows::silu_and_mul_row(in + r * in_stride, in + r * in_stride + inter,
+                                    o + r * out_stride, inter);
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
     std::vector<float> gate(inter), up(inter);
     for (int64_t r = begin; r < end; ++r) {

@@ -15,6 +15,7 @@
 #if defined(__AVX512BF16__)
 
 namespace bf16_decode {
+using bf16_rows::exp16;
 // Prefetch distance in tokens: two blocks of 16 ahead, issued a slice at a time between the
 // block's computations (a whole block's lines at once overflow the miss queues and stall).
 constexpr int64_t PF = 32;
@@ -112,24 +113,6 @@ inline void unpermute(const float* acc, int64_t dim, float inv, float* row) {
       row[base] = acc[32 * c + e] * inv;           // from the interleaved low words
       row[base + 4] = acc[32 * c + 16 + e] * inv;  // from the high words
     }
-}
-
-// fast_exp (cpu_ops.cpp) on 16 lanes: the same range reduction and polynomial, with the power of
-// two applied by VSCALEFPS.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
-  const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fmadd_ps(k, _mm512_set1_ps(2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(y, k);
 }
 
 // Turns each query row's scores into softmax numerators; their sums go to `totals`. Rows are
