@@ -125,7 +125,7 @@ SKINNY_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(at
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 45, 200])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_linear_equals_f_linear(kernel_ops, dtype, rows, with_bias):
     # Every row tile (float32: 1-6 rows, bfloat16: 1-8, then repeats) and a partial last output

@@ -151,8 +151,9 @@ class WeightLoader:
 
 # Up to this many rows, a PackedLinear with the skinny kernel uses it instead of oneDNN
 # (`python -m bench.linear_kernels`): float32 on the AVX2 EPYC, 1.2-2.4x faster up to 64 rows,
-# equal at 128; bfloat16 on the AVX512-BF16 EPYC, 1.7-2.7x faster up to 8 rows, equal above.
-SKINNY_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 8}
+# equal at 128; bfloat16 on the AVX512-BF16 EPYC, 1.7-2.7x faster up to 8 rows and, since it
+# prefetches the next weight slice, 1.1-1.4x at 16-192 rows, equal at 256-512.
+SKINNY_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 256}
 
 
 class PackedLinear(nn.Module):
