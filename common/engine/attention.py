@@ -113,10 +113,8 @@ class TorchAttention:
                  scale: float | None = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
         k_cache, v_cache = self.kv_cache.layer(layer_idx)  # [num_blocks, block_size, KVH, D]
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
         num_stored = self.slots.shape[0]  # stored rows come first; padding rows last
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, k[:num_stored])
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.slots, v[:num_stored])
+        self.ops.store_kv(k_cache, v_cache, self.slots, k[:num_stored], v[:num_stored])
         if self.num_decode == q.shape[0]:  # decodes only: the kernel's output is the result
             return self._decode(q, k_cache, v_cache, scale)
         out = torch.empty_like(q)

@@ -35,6 +35,12 @@ class TorchOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def store_kv(self, k_cache, v_cache, slots, k, v) -> None:
+        """Write keys and values [n, KVH, D] into cache slots `slots` ([num_blocks * block_size])."""
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
+
 
 class KernelOps(TorchOps):
     name = "cpu-kernels"
@@ -66,6 +72,12 @@ class KernelOps(TorchOps):
         out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
         self.k.silu_and_mul(out, gate_up)
         return out
+
+    def store_kv(self, k_cache, v_cache, slots, k, v) -> None:
+        heads_adjacent = all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
+        if not heads_adjacent or k.dtype != k_cache.dtype or v.dtype != v_cache.dtype:
+            return super().store_kv(k_cache, v_cache, slots, k, v)
+        self.k.store_kv(k_cache, v_cache, slots, k, v)
 
     def paged_decode_attention(self, q, k_cache, v_cache, block_table, context_lens,
                                scale: float | None) -> torch.Tensor:

@@ -59,6 +59,22 @@ def test_silu_and_mul(kernel_ops, dtype, rows, width):
                                **TOL[dtype])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv_writes_slots_from_a_strided_qkv_slice(kernel_ops, dtype):
+    cache_shape = (8, 4, 3, 16)  # blocks, block size, KV heads, head dim
+    k_cache, v_cache = torch.zeros(cache_shape, dtype=dtype), torch.zeros(cache_shape, dtype=dtype)
+    qkv = torch.randn(5, 9 + 2 * 3, 16).to(dtype)  # [tokens, q + k + v heads, dim]
+    k, v = qkv[:, 9:12], qkv[:, 12:]
+    slots = torch.tensor([31, 0, 5, 6, 17])
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    TorchOps().store_kv(ref_k, ref_v, slots, k, v)
+    kernel_ops.store_kv(k_cache, v_cache, slots, k, v)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    assert torch.equal(k_cache.view(-1, 3, 16)[31], k[0])
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernel_ops.store_kv(k_cache, v_cache, torch.tensor([32]), k[:1], v[:1])
+
+
 def _reference_decode(q, k_cache, v_cache, tables, lengths, scale):
     out = []
     for i, (table, length) in enumerate(zip(tables, lengths)):
