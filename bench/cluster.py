@@ -12,6 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from control_plane.launcher import die_with_parent
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -29,7 +31,8 @@ class ClusterProcess:
         self.log = open(log_path, "w")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "control_plane.cli", "up", "--port", str(self.port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=die_with_parent)  # and `up` stops its instances on SIGTERM
         self._wait_healthy(startup_timeout_s, log_path)
 
     def _wait_healthy(self, timeout_s: float, log_path: Path) -> None:

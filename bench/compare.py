@@ -43,6 +43,8 @@ class CompareOptions:
     rate: float = 2.0
     max_tokens: int = 128
     ignore_eos: bool = False  # class workloads always replay fixed lengths (ignore-EOS)
+    heavy_prompt_tokens: int = 512  # class workloads: a prompt longer than this is heavy (HP)
+    heavy_output_tokens: int = 128  # ... an output longer than this is heavy (HD)
     seeds: tuple[int, ...] = (0, 1, 2)
     layout: str = "equal"
     extra_args: tuple[str, ...] = ()  # flags for every `splitserve up`
@@ -100,7 +102,9 @@ def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
                                          seed), options.ignore_eos)
     from bench.workloads import ClassThresholds, sample_workload
 
-    limits = ClassThresholds(max_output_tokens=options.max_tokens)
+    limits = ClassThresholds(heavy_prompt_tokens=options.heavy_prompt_tokens,
+                             heavy_output_tokens=options.heavy_output_tokens,
+                             max_output_tokens=options.max_tokens)
     return sample_workload(tokenizer, options.workload, options.num_requests, seed, limits), True
 
 
@@ -258,6 +262,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--heavy-prompt-tokens", type=int, default=512,
+                        help="class workloads: prompts longer than this are heavy (HP)")
+    parser.add_argument("--heavy-output-tokens", type=int, default=128,
+                        help="class workloads: outputs longer than this are heavy (HD); "
+                             "must be below --max-tokens")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--layout", default="equal", choices=["equal", "replicas", "paper"])
     parser.add_argument("--out", default="results/compare")
@@ -266,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
         systems=tuple(s for s in args.systems.split(",") if s), custom=tuple(args.system),
         workload=args.workload, num_requests=args.num_requests, rate=args.rate,
         max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+        heavy_prompt_tokens=args.heavy_prompt_tokens,
+        heavy_output_tokens=args.heavy_output_tokens,
         seeds=tuple(int(s) for s in args.seeds.split(",")), layout=args.layout,
         extra_args=tuple(a for a in up_args if a != "--"), out=args.out))
 

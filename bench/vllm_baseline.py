@@ -20,7 +20,6 @@ core 1 for the other two processes.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import signal
 import subprocess
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import httpx
 
+from control_plane.launcher import die_with_parent
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
 SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -44,7 +45,6 @@ DEFAULT_KV_CACHE_GIB = 1
 # Every start compiles the model with torch.compile/inductor: 75 s on the quiet 2-core VM,
 # up to 3.5 minutes when it is busy (vLLM 0.32.0 fails to load its own AOT cache back).
 DEFAULT_STARTUP_TIMEOUT_S = 900.0
-_PR_SET_PDEATHSIG = 1
 _LOG_TAIL_LINES = 30
 
 
@@ -100,13 +100,6 @@ def vllm_command(model_dir: Path | str, port: int, dtype: str = "bfloat16",
             "--model", str(model_dir), "--served-model-name", served_model_name,
             "--host", host, "--port", str(port), "--dtype", dtype,
             "--max-model-len", str(max_model_len), *extra]
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: vLLM's server gets SIGTERM if we die, even by SIGKILL
-    # (its EngineCore and worker exit when the server does).
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -221,7 +214,7 @@ def start_vllm(model_dir: Path | str, port: int, threads: int | None = 2,
     process = subprocess.Popen(command, env=env, stdout=log_file,
                                stderr=subprocess.STDOUT if log_file else None,
                                stdin=subprocess.DEVNULL, start_new_session=True,
-                               preexec_fn=_die_with_parent)
+                               preexec_fn=die_with_parent)
     server = VllmServer(process=process, url=f"http://{host}:{port}", command=command,
                         log_path=log_path, env=env, _log_file=log_file)
     if wait:

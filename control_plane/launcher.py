@@ -66,7 +66,8 @@ def _announce(server: uvicorn.Server, gateway: Gateway, on_ready) -> None:
         time.sleep(0.2)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """For Popen's preexec_fn: the child gets SIGTERM when its parent dies, even by SIGKILL."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -87,7 +88,7 @@ def spawn_instance(role: str, index: int, instance_args: list[str], gateway_inbo
         log_dir.mkdir(parents=True, exist_ok=True)
         output = open(log_dir / f"{role}-{index}.log", "w")
     process = subprocess.Popen(command, stdout=output, stderr=output or None,
-                               preexec_fn=_die_with_parent)
+                               preexec_fn=die_with_parent)
     return InstanceProcess(role, process)
 
 
