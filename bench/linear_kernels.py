@@ -4,7 +4,7 @@ intermediate 1536), per decode-sized row count. The time of one pass over all of
 weights (qkv, o, gate_up, down), times 30 layers; the weights of 30 distinct layers stream from
 DRAM as in a real step.
 
-    python -m bench.linear_kernels [--threads 2] [--dtype float32|bfloat16|auto]
+    python -m bench.linear_kernels [--threads 2] [--dtype float32|bfloat16|auto] [--rows 1,8,256]
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)),
+                        help="comma-separated row counts")
     parser.add_argument("--cache-dir", default="~/.cache/splitserve")
     parser.add_argument("--dtype", default="auto", choices=["float32", "bfloat16", "auto"],
                         help="auto = what the engine's --dtype auto runs on this CPU")
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     skinny = [[PackedLinear(w, None, kernels) for w in layer] for layer in weights]
     print(f"| rows | F.linear (ms, {LAYERS} layers) | oneDNN packed | skinny | "
           "skinny vs oneDNN |\n|---|---|---|---|---|")
-    for rows in ROWS:
+    for rows in (int(r) for r in args.rows.split(",")):
         inputs = {k: torch.randn(rows, k).to(dtype) for k, _ in SHAPES}
 
         def run(layers, call):
