@@ -34,6 +34,17 @@ def native_matmul_dtypes() -> frozenset[torch.dtype]:
     return frozenset(dtypes)
 
 
+@functools.cache
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Sapphire Rapids and later), where oneDNN's bfloat16
+    matmuls run on them and outpace our VDPBF16PS kernels beyond a few rows."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    try:
+        return bool(probe()) if probe is not None else False
+    except RuntimeError:
+        return False
+
+
 def default_cpu_dtype() -> str:
     """What dtype "auto" resolves to on this CPU."""
     return "bfloat16" if torch.bfloat16 in native_matmul_dtypes() else "float32"

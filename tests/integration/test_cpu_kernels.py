@@ -177,3 +177,16 @@ def test_bfloat16_skinny_kernel_skips_odd_input_widths(kernel_ops):
     assert layer.skinny is None
     x = torch.randn(2, 33).bfloat16()
     torch.testing.assert_close(layer(x), F.linear(x, weight), atol=3e-2, rtol=1e-2)
+
+
+def test_skinny_row_limit_keeps_onednn_for_batches_on_amx(kernel_ops, monkeypatch):
+    """On AMX CPUs oneDNN's tiles outpace VDPBF16PS beyond decode rows: the limit drops to 8."""
+    if "bfloat16" not in kernel_ops.k.skinny_linear_dtypes():
+        pytest.skip("no skinny bfloat16 kernel on this CPU")
+    from common.engine.models import layers
+
+    weight = torch.randn(64, 32).to(torch.bfloat16)
+    monkeypatch.setattr(layers, "has_amx", lambda: False)
+    assert layers.PackedLinear(weight, None, kernel_ops.k).skinny_max_rows == 256
+    monkeypatch.setattr(layers, "has_amx", lambda: True)
+    assert layers.PackedLinear(weight, None, kernel_ops.k).skinny_max_rows == 8

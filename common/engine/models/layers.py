@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.engine.cpu_features import native_matmul_dtypes
+from common.engine.cpu_features import has_amx, native_matmul_dtypes
 from common.errors import ModelLoadError
 
 
@@ -153,7 +153,10 @@ class WeightLoader:
 # (`python -m bench.linear_kernels`): float32 on the AVX2 EPYC, 1.2-2.4x faster up to 64 rows,
 # equal at 128; bfloat16 on the AVX512-BF16 EPYC, 1.7-2.7x faster up to 8 rows and, since it
 # prefetches the next weight slice, 1.1-1.4x at 16-192 rows, equal at 256-512.
+# Not measured on a CPU with AMX, where oneDNN's bfloat16 matmuls use the tiles: there the
+# skinny kernel keeps only the decode rows it was first built for.
 SKINNY_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 256}
+SKINNY_MAX_ROWS_WITH_AMX = {torch.float32: 64, torch.bfloat16: 8}
 
 
 class PackedLinear(nn.Module):
@@ -171,7 +174,8 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
         self.bias = bias.detach() if bias is not None else None
         self.skinny = skinny if _skinny_fits(weight, skinny) else None
-        self.skinny_max_rows = SKINNY_MAX_ROWS.get(weight.dtype, 0)
+        limits = SKINNY_MAX_ROWS_WITH_AMX if has_amx() else SKINNY_MAX_ROWS
+        self.skinny_max_rows = limits.get(weight.dtype, 0)
         if self.skinny is not None:
             self.skinny_weight = skinny.skinny_pack(weight.detach())
             self.skinny_bias = self.bias if self.bias is not None else weight.new_empty(0)
