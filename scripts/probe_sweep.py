@@ -6,7 +6,10 @@ never used to choose. Needs the features that `splitserve predictor train --kind
 DATASET/features/.
 
     python scripts/probe_sweep.py --dataset results/length_predictor/data-engine-2500 \\
-        --granularity 200 [--threads 2]
+        --granularity 200 [--threads 2] [--with-prompt-length] [--defaults-only]
+
+--with-prompt-length appends log(1 + prompt tokens) to the hidden state, a feature the serving
+probe does not have yet: to see whether it would pay for the interface change.
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ GRID = {"hidden_size": (0, 64, 256, 1024), "dropout": (0.1, 0.5), "weight_decay"
         "learning_rate": (1e-3, 3e-4), "epochs": (60, 150)}
 
 
-def _split(dataset, features_dir: Path, split: str, bucketing: Bucketing):
+def _split(dataset, features_dir: Path, split: str, bucketing: Bucketing, with_length: bool):
     (path,) = features_dir.glob(f"*-{split}.pt")
     saved = torch.load(path, weights_only=True)
     examples = {e.example_id: e for e in (dataset.train if split == "train" else dataset.eval)}
     ids = saved["example_ids"].tolist()
     labels = [bucketing.bucket(examples[i].num_output_tokens) for i in ids]
-    return saved["features"].float(), torch.tensor(labels)
+    features = saved["features"].float()
+    if with_length:
+        lengths = torch.tensor([[float(examples[i].num_prompt_tokens)] for i in ids])
+        features = torch.cat([features, torch.log1p(lengths)], dim=1)
+    return features, torch.tensor(labels)
 
 
 def main() -> None:
@@ -39,16 +46,20 @@ def main() -> None:
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--granularity", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--with-prompt-length", action="store_true")
+    parser.add_argument("--defaults-only", action="store_true",
+                        help="train the default head only (no sweep)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dataset = load_dataset(args.dataset)
     bucketing = Bucketing(args.granularity, dataset.max_output_tokens)
     features_dir = Path(args.dataset) / "features"
-    x_train, y_train = _split(dataset, features_dir, "train", bucketing)
-    x_eval, y_eval = _split(dataset, features_dir, "eval", bucketing)
+    x_train, y_train = _split(dataset, features_dir, "train", bucketing, args.with_prompt_length)
+    x_eval, y_eval = _split(dataset, features_dir, "eval", bucketing, args.with_prompt_length)
     rows = []
-    for values in itertools.product(*GRID.values()):
-        config = dict(zip(GRID, values))
+    configs = ([{}] if args.defaults_only else
+               [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())])
+    for config in configs:
         head, info = train_head(x_train, y_train, bucketing.num_buckets, ProbeOptions(**config))
         with torch.no_grad():
             accuracy = (head(x_eval).argmax(-1) == y_eval).float().mean().item()
