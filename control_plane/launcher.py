@@ -21,6 +21,7 @@ from pathlib import Path
 import uvicorn
 
 from common.config import ConfigError, GatewayConfig
+from common.errors import SplitserveError
 from common.model_files import resolve_model
 from common.tokenizer import TextTokenizer
 from control_plane.app import create_app
@@ -46,22 +47,35 @@ def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
     return Gateway(config, tokenizer, served), aliases
 
 
-def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None) -> None:
-    """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves."""
+def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None,
+                  startup_failure=None) -> None:
+    """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves.
+    `startup_failure()` is polled until then: a message from it stops the server and raises."""
     config = gateway.config
     app = create_app(gateway, aliases)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="warning", access_log=False,
                                            timeout_graceful_shutdown=config.graceful_shutdown_s))
-    if on_ready is not None:
-        threading.Thread(target=_announce, args=(server, gateway, on_ready), daemon=True).start()
+    failure: list[str] = []
+    if on_ready is not None or startup_failure is not None:
+        threading.Thread(target=_announce, daemon=True,
+                         args=(server, gateway, on_ready, startup_failure, failure)).start()
     server.run()
+    if failure:
+        raise SplitserveError(failure[0])
 
 
-def _announce(server: uvicorn.Server, gateway: Gateway, on_ready) -> None:
+def _announce(server: uvicorn.Server, gateway: Gateway, on_ready, startup_failure,
+              failure: list[str]) -> None:
     while not server.should_exit:
         if server.started and gateway.is_serving():
-            on_ready(f"http://{gateway.config.host}:{gateway.config.port}")
+            if on_ready is not None:
+                on_ready(f"http://{gateway.config.host}:{gateway.config.port}")
+            return
+        message = startup_failure() if startup_failure is not None else None
+        if message:
+            failure.append(message)
+            server.should_exit = True
             return
         time.sleep(0.2)
 
@@ -120,6 +134,18 @@ def run_up(config: GatewayConfig, counts: dict[str, int], instance_args: list[st
     try:
         serve_gateway(gateway, aliases,
                       on_ready=lambda url: print(f"splitserve: ready at {url} "
-                                                 f"(Ctrl-C to stop)", flush=True))
+                                                 f"(Ctrl-C to stop)", flush=True),
+                      startup_failure=lambda: _exited_instance(instances, log_dir))
     finally:
         stop_instances(instances)
+
+
+def _exited_instance(instances: list[InstanceProcess], log_dir: Path | None) -> str | None:
+    """Names an instance that exited before the cluster became ready (its log says why)."""
+    for inst in instances:
+        status = inst.process.poll()
+        if status is not None:
+            where = f"; see {log_dir}" if log_dir is not None else ""
+            return (f"a {inst.role} instance exited during start-up (status {status}), "
+                    f"stopping the cluster{where}")
+    return None

@@ -38,3 +38,21 @@ def test_child_ends_when_its_parent_is_killed():
     while _alive(child_pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _alive(child_pid)
+
+
+def test_an_instance_that_exits_during_start_up_is_named():
+    from control_plane.launcher import InstanceProcess, _exited_instance
+
+    running = InstanceProcess("prefill", subprocess.Popen([sys.executable, "-c",
+                                                           "import time; time.sleep(30)"]))
+    crashed = InstanceProcess("decode", subprocess.Popen([sys.executable, "-c",
+                                                          "raise SystemExit(3)"]))
+    try:
+        crashed.process.wait(30)
+        message = _exited_instance([running, crashed], None)
+        assert message is not None and "decode instance exited" in message
+        assert "status 3" in message
+        assert _exited_instance([running], None) is None
+    finally:
+        running.process.kill()
+        running.process.wait()
