@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,12 @@ from pathlib import Path
 import httpx
 
 from control_plane.launcher import die_with_parent
+from control_plane.launcher import free_port as free_port_on
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port on the loopback interface, where bench clusters listen."""
+    return free_port_on("127.0.0.1")
 
 
 class ClusterProcess:

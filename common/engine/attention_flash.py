@@ -29,6 +29,7 @@ class FlashAttention:
     def __init__(self, segments: list[Segment], kv_cache: KVCache, ops) -> None:
         device = kv_cache.device
         self.kv_cache = kv_cache
+        self.ops = ops
         block_size = kv_cache.layout.block_size
         stored = [s for s in segments if s.store]  # padding rows are computed, not attended
         self.num_stored = sum(s.num_tokens for s in stored)
@@ -47,9 +48,8 @@ class FlashAttention:
         from flash_attn import flash_attn_varlen_func
 
         k_cache, v_cache = self.kv_cache.layer(layer_idx)
-        kv_heads, head_dim = k.shape[1], k.shape[2]
-        k_cache.view(-1, kv_heads, head_dim).index_copy_(0, self.slots, k[: self.num_stored])
-        v_cache.view(-1, kv_heads, head_dim).index_copy_(0, self.slots, v[: self.num_stored])
+        self.ops.store_kv(k_cache, v_cache, self.slots, k[: self.num_stored],
+                          v[: self.num_stored])
         out = torch.zeros_like(q)
         out[: self.num_stored] = flash_attn_varlen_func(
             q[: self.num_stored].contiguous(), k_cache, v_cache, self.cu_q, self.cu_k,

@@ -86,7 +86,6 @@ class KernelOps(TorchOps):
         self.k.paged_decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale)
         return out
 
-
     def paged_prefill_attention(self, out, q, k_cache, v_cache, block_table, num_cached: int,
                                 scale: float | None) -> None:
         """Writes into `out` (rows of q's shape) the attention of one sequence's prefill chunk:

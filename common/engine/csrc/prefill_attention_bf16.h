@@ -26,7 +26,7 @@ struct Tile {
   std::vector<f32_bits> query;     // [rows][dim / 2]: query pairs
   std::vector<float> scores;       // [rows][stride]
   std::vector<at::BFloat16> probs;   // [rows][stride]: softmax numerators, zero past the row
-  std::vector<float> totals, acc;
+  std::vector<float> peaks, totals, acc;
   std::vector<int64_t> lens;       // context tokens each row sees
 };
 
@@ -169,11 +169,11 @@ void tile_task(const at::Tensor& q, at::Tensor& out, const at::BFloat16* k_head,
   w.probs.resize(nrows * stride);
   w.totals.resize(nrows);
   w.acc.resize(nrows * dim);
-  std::vector<float> peaks(nrows);
-  for (int64_t r0 = 0; r0 < nrows; r0 += SR) score_rows<CH>(w, r0, stride, scale, &peaks[r0]);
+  w.peaks.resize(nrows);
+  for (int64_t r0 = 0; r0 < nrows; r0 += SR) score_rows<CH>(w, r0, stride, scale, &w.peaks[r0]);
   for (int64_t r = 0; r < nrows; ++r) {
     const int64_t width = (w.lens[(r / VR + 1) * VR - 1] + 15) / 16 * 16;  // its VR block's
-    w.totals[r] = row_probabilities(w.scores.data() + r * stride, peaks[r], w.lens[r], width,
+    w.totals[r] = row_probabilities(w.scores.data() + r * stride, w.peaks[r], w.lens[r], width,
                                     w.probs.data() + r * stride);
   }
   for (int64_t r0 = 0; r0 < nrows; r0 += VR) weigh_values<CH, VR>(w, r0, stride);
