@@ -147,7 +147,10 @@ def test_decode_instance_that_stops_reading(tmp_path, tiny, then):
                       "--instance-timeout", "1.0", log_dir=tmp_path)
     victim = next(i for i in cluster.cluster()["instances"] if i["instance_id"] == "decode-0")
     try:
-        load = Load(cluster.url, 40, concurrency=40, max_tokens=(60, 120), stream_every=1)
+        # Long enough that decode-0 is seen running 4 sequences: with 60-120 tokens, after the
+        # faster CPU kernels, one full-suite run of five never saw it (likely the load ending
+        # between two of the instance's reports).
+        load = Load(cluster.url, 40, concurrency=40, max_tokens=(120, 240), stream_every=1)
         stopped = _stop_when_busy(cluster, victim)
         assert _wait_for(lambda: _instance(cluster, "decode-0") is None, 10.0), \
             "the stopped instance was never declared dead"
