@@ -35,3 +35,22 @@ def test_this_cpu_report_is_consistent():
     assert torch.float32 in native
     assert (cpu_features.default_cpu_dtype() == "bfloat16") == (torch.bfloat16 in native)
     assert torch.backends.cpu.get_cpu_capability() in cpu_features.describe()
+
+
+def test_bfloat16_is_not_native_where_onednn_would_emulate_it(monkeypatch):
+    """oneDNN reports bfloat16 support on any AVX-512 CPU; without AVX512-BF16 or AMX it
+    converts in software (3.7x slower than float32 on such a Xeon), so "auto" must say float32."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True,
+                        raising=False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported", lambda: False,
+                        raising=False)
+    for avx512_bf16, amx, native in ((False, False, False), (True, False, True),
+                                     (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v,
+                            raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v, raising=False)
+        cpu_features.native_matmul_dtypes.cache_clear()
+        try:
+            assert (torch.bfloat16 in cpu_features.native_matmul_dtypes()) == native
+        finally:
+            cpu_features.native_matmul_dtypes.cache_clear()
