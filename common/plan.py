@@ -38,6 +38,10 @@ class BatchPlan:
     # Keep the final hidden state of each sampled row (the last prompt token at the end of a
     # prefill): the length predictor's probe reads it, so prediction costs no extra forward.
     return_hidden: bool = False
+    # Which hidden states `return_hidden` keeps, numbered like Hugging Face's `hidden_states`
+    # (k = after k decoder layers, the layer count = the final normed state). Empty: the final
+    # state alone, `[hidden_size]` per sequence; otherwise `[len(hidden_layers), hidden_size]`.
+    hidden_layers: tuple[int, ...] = ()
     # KV copies to the second (host) tier and back, run by the runner before the forward, all
     # swap-outs first (common.engine.swap): (device block, host block) and (host block, device
     # block) pairs. The scheduler has already moved the blocks' ownership
@@ -64,5 +68,6 @@ class BatchPlan:
 class ModelOutput:
     sampled_token_ids: dict[str, int] = field(default_factory=dict)
     logits: dict = field(default_factory=dict)  # seq_id -> [vocab] float32, when asked for
-    hidden: dict = field(default_factory=dict)  # seq_id -> [hidden_size] float32, when asked for
+    # seq_id -> float32 [hidden_size] (or [len(plan.hidden_layers), hidden_size]), when asked for
+    hidden: dict = field(default_factory=dict)
     forward_seconds: float = 0.0

@@ -109,8 +109,15 @@ class LengthPredictor(ABC):
     def predict_buckets(self, prompts: list[list[int]]) -> list[int]:
         """The most likely bucket of each prompt."""
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """Which of the target's hidden states `predict_hidden` reads (`BatchPlan.hidden_layers`;
+        empty = the final one)."""
+        return ()
+
     def predict_hidden(self, hidden) -> list[LengthPrediction]:
-        """Predictions from the target model's last-prompt-token hidden states `[N, hidden]`."""
+        """Predictions from the target model's last-prompt-token hidden states: `[N, hidden]`,
+        or `[N, len(hidden_layers), hidden]` for a kind that reads several layers."""
         raise InvalidRequestError(f"a {self.kind} predictor does not read hidden states")
 
     def save(self, directory: Path | str) -> None:

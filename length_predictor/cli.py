@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
+from common.errors import InvalidRequestError
 
 DEFAULT_CACHE_DIR = "~/.cache/splitserve"
 
@@ -98,6 +99,12 @@ def add_train_args(parser: argparse.ArgumentParser,
                        help="MLP width; 0 = logistic regression")
     probe.add_argument("--probe-epochs", type=int, default=60)
     probe.add_argument("--probe-lr", type=float, default=1e-3)
+    probe.add_argument("--probe-layers", default="auto",
+                       help="hidden states read, HF numbering (k = after k decoder layers, the "
+                            "layer count = the final state): a list like 15,30, 'final', or "
+                            "'auto' (every third layer from the middle up)")
+    probe.add_argument("--probe-heads-per-layer", type=int, default=3,
+                       help="heads (seeds) per layer; the prediction averages all heads")
     clf = parser.add_argument_group("classifier")
     clf.add_argument("--backbone", default=None,
                      help="local HF checkpoint (default: the target model's directory)")
@@ -111,12 +118,30 @@ def add_train_args(parser: argparse.ArgumentParser,
     clf.add_argument("--no-bf16", action="store_true", help="train in float32")
 
 
+def _probe_layers(text: str) -> tuple[int, ...] | None:
+    """None = the default rule; 'final' = (-1,), resolved to the layer count at training."""
+    if text == "auto":
+        return None
+    if text == "final":
+        return (-1,)
+    try:
+        layers = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise InvalidRequestError(f"--probe-layers: expected auto, final or a list of layer "
+                                  f"numbers, got {text!r}") from None
+    if any(layer < 0 for layer in layers):
+        raise InvalidRequestError(f"--probe-layers: layer numbers start at 0, got {text!r}")
+    return layers
+
+
 def _kind_options(args: argparse.Namespace):
     if args.kind == "probe":
         from length_predictor.probe import ProbeOptions
 
         return ProbeOptions(hidden_size=args.probe_hidden, epochs=args.probe_epochs,
-                            learning_rate=args.probe_lr, seed=args.seed)
+                            learning_rate=args.probe_lr, seed=args.seed,
+                            layers=_probe_layers(args.probe_layers),
+                            heads_per_layer=args.probe_heads_per_layer)
     import torch
 
     from common.engine.cpu_features import default_cpu_dtype

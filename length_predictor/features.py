@@ -1,4 +1,4 @@
-"""The probe's features: the target model's final hidden state at the last prompt token.
+"""The probe's features: the target model's hidden states at the last prompt token.
 
 Offline, `FeatureExtractor` runs prompts (cut to the cutting limit) through our `ModelRunner`
 with `return_hidden=True`, several prompts per forward, and frees their KV blocks right after.
@@ -35,6 +35,8 @@ class ExtractOptions:
     max_input_tokens: int = DEFAULT_MAX_INPUT_TOKENS  # prompts are cut to this (head + tail)
     # Tokens per forward: several short prompts share one forward. Near the CPU prefill knee.
     tokens_per_forward: int = 512
+    # Layers to keep (`BatchPlan.hidden_layers`); empty = the final hidden state alone.
+    hidden_layers: tuple[int, ...] = ()
 
 
 def extractor_config(config: EngineConfig, options: ExtractOptions) -> EngineConfig:
@@ -61,14 +63,18 @@ class FeatureExtractor:
         return cls(ModelRunner(extractor_config(config, options)), options)
 
     @property
-    def hidden_size(self) -> int:
-        return self.runner.model.shape.hidden_size
+    def feature_shape(self) -> tuple[int, ...]:
+        hidden_size = self.runner.model.shape.hidden_size
+        layers = self.options.hidden_layers
+        return (len(layers), hidden_size) if layers else (hidden_size,)
 
     @property
     def key(self) -> str:
         """Names the cache entry: the same model, dtype and cut give the same features."""
         runner = self.runner
         name = f"{runner.resolved.name}-{runner.dtype_name}-cut{self.options.max_input_tokens}"
+        if self.options.hidden_layers:
+            name += "-layers" + "_".join(map(str, self.options.hidden_layers))
         return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
     def _batches(self, prompts: list[list[int]]) -> list[list[int]]:
@@ -88,18 +94,19 @@ class FeatureExtractor:
             table = self.kv.grow(f"f{i}", len(prompt))
             chunks.append(ScheduledChunk(f"f{i}", prompt, 0, table, _SAMPLE))
         try:
-            output = self.runner.execute(BatchPlan(chunks, return_hidden=True))
+            output = self.runner.execute(BatchPlan(
+                chunks, return_hidden=True, hidden_layers=self.options.hidden_layers))
         finally:
             for chunk in chunks:
                 self.kv.free(chunk.seq_id)
         return [output.hidden[chunk.seq_id] for chunk in chunks]
 
     def extract(self, prompts: list[list[int]], progress: bool = True) -> torch.Tensor:
-        """`[len(prompts), hidden_size]` float32 features, in input order."""
+        """`[len(prompts), *feature_shape]` float32 features, in input order."""
         cut = [cut_prompt(p, self.options.max_input_tokens) for p in prompts]
         if any(not p for p in cut):
             raise ValueError("cannot extract features of an empty prompt")
-        out = torch.empty(len(cut), self.hidden_size, dtype=torch.float32)
+        out = torch.empty(len(cut), *self.feature_shape, dtype=torch.float32)
         batches = self._batches(cut)
         with tqdm(total=len(cut), desc="probe features", unit="prompt", file=sys.stderr,
                   disable=not progress) as bar:

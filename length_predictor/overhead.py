@@ -81,8 +81,9 @@ def _chunks(prompts: list[list[int]], chunk_size: int):
 
 
 def run_prefill(runner, prompts: list[list[int]], chunk_size: int, on_hidden=None,
-                started: float | None = None) -> PrefillRun:
-    """Prefill every prompt in chunks; `on_hidden(ModelOutput.hidden)` after each forward."""
+                started: float | None = None, hidden_layers: tuple[int, ...] = ()) -> PrefillRun:
+    """Prefill every prompt in chunks; `on_hidden(ModelOutput.hidden)` (of `hidden_layers`)
+    after each forward."""
     kv = KVCacheManager(runner.kv_layout.num_blocks, runner.kv_layout.block_size)
     run = PrefillRun(num_tokens=sum(map(len, prompts)))
     started = time.perf_counter() if started is None else started
@@ -94,7 +95,8 @@ def run_prefill(runner, prompts: list[list[int]], chunk_size: int, on_hidden=Non
             chunks.append(ScheduledChunk(f"p{index}", prompts[index][start:end], start, table,
                                          _GREEDY if last else None))
         begun = time.perf_counter()
-        output = runner.execute(BatchPlan(chunks, return_hidden=on_hidden is not None))
+        output = runner.execute(BatchPlan(chunks, return_hidden=on_hidden is not None,
+                                          hidden_layers=hidden_layers))
         now = time.perf_counter()
         run.forward_seconds.append(now - begun)
         if on_hidden is not None:
@@ -114,7 +116,8 @@ def _with_predictor(runner, predictor: LengthPredictor, prompts, options: Overhe
         if service.uses_hidden_states:
             found: dict = {}
             run = run_prefill(runner, prompts, options.chunk_size,
-                              lambda hidden: found.update(service.from_hidden(hidden)), started)
+                              lambda hidden: found.update(service.from_hidden(hidden)), started,
+                              service.hidden_layers)
             done = time.perf_counter()
         else:
             for index, prompt in enumerate(prompts):

@@ -144,8 +144,13 @@ class PredictorService:
             return len(self._pending) + len(self._in_flight)
 
     # -- hidden-state kinds --------------------------------------------------------------------
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """What to ask the prefill forward for (`BatchPlan.hidden_layers`)."""
+        return self.predictor.hidden_layers
+
     def from_hidden(self, hidden: Mapping[str, object]) -> dict[str, LengthPrediction]:
-        """Predictions from `ModelOutput.hidden` (seq_id -> `[hidden_size]` tensor)."""
+        """Predictions from `ModelOutput.hidden` of a forward planned with `hidden_layers`."""
         if not self.uses_hidden_states:
             raise InvalidRequestError(f"a {self.predictor.kind} predictor reads prompt tokens: "
                                       f"use submit()")

@@ -76,6 +76,13 @@ def target_config(dataset: LengthDataset, options: TrainOptions) -> EngineConfig
                                           dtype=options.dtype, cache_dir=options.cache_dir))
 
 
+def _num_layers(config: EngineConfig) -> int:
+    """The target's decoder layer count, from its config.json (no weights loaded)."""
+    model = config.model
+    hf_dir = resolve_model(model.path, model.resolved_cache_dir).hf_dir
+    return int(json.loads((hf_dir / "config.json").read_text())["num_hidden_layers"])
+
+
 def _finish(predictor, directory: Path, dataset: LengthDataset, options: TrainOptions,
             features=None) -> dict:
     predictor.save(directory)
@@ -93,11 +100,14 @@ def train_probes(dataset: LengthDataset, out_dir: Path, options: TrainOptions,
     import torch
 
     from length_predictor.features import ExtractOptions, FeatureExtractor, cached_features
-    from length_predictor.probe import ProbePredictor, probe_hyperparameters, train_head
+    from length_predictor.probe import (ProbePredictor, probe_hyperparameters,
+                                        resolve_probe_layers, train_ensemble)
 
     meta = base_meta(dataset, options, "probe")
-    extractor = FeatureExtractor.from_config(target_config(dataset, options),
-                                             ExtractOptions(options.max_input_tokens))
+    config = target_config(dataset, options)
+    layers = resolve_probe_layers(probe_options, _num_layers(config))
+    extractor = FeatureExtractor.from_config(config, ExtractOptions(options.max_input_tokens,
+                                                                    hidden_layers=layers))
     try:
         def features(split: str, examples):
             return cached_features(extractor, dataset.directory, split,
@@ -114,11 +124,13 @@ def train_probes(dataset: LengthDataset, out_dir: Path, options: TrainOptions,
         started = time.time()
         bucketing = Bucketing(g, meta.max_output_tokens)
         labels = torch.tensor(bucket_labels(dataset.train, bucketing))
-        head, info = train_head(train_x, labels, bucketing.num_buckets, probe_options)
+        ensemble, info = train_ensemble(train_x, labels, bucketing.num_buckets, probe_options,
+                                        layers)
+        hyper = {**probe_hyperparameters(replace(probe_options, layers=layers), dtype), **info}
         g_meta = replace(meta, granularity=g, train_seconds=round(time.time() - started, 1),
-                         hyperparameters={**probe_hyperparameters(probe_options, dtype), **info},
-                         created_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        results.append(_finish(ProbePredictor(g_meta, head), directory, dataset, options, eval_x))
+                         hyperparameters=hyper, created_at=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        results.append(_finish(ProbePredictor(g_meta, ensemble), directory, dataset, options,
+                               eval_x))
     return results
 
 

@@ -40,6 +40,10 @@ class PrefillPredictor:
     def wants_hidden(self) -> bool:
         return self.service is not None and self.service.uses_hidden_states
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        return self.service.hidden_layers if self.wants_hidden else ()
+
     def admit(self, seq: Sequence) -> None:
         if self.service is None:
             width = self.oracle_granularity

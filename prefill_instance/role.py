@@ -181,7 +181,8 @@ class PrefillRole(Role):
     def schedule(self) -> BatchPlan:
         plan = self.scheduler.schedule()
         if self.predictor is not None and self.predictor.wants_hidden and not plan.is_empty:
-            plan = replace(plan, return_hidden=True)  # the probe reads the last prompt token
+            # The probe reads the last prompt token's hidden states.
+            plan = replace(plan, return_hidden=True, hidden_layers=self.predictor.hidden_layers)
         return plan
 
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:

@@ -18,6 +18,7 @@ from common.engine import cpu_features
 from common.engine.attention import Segment, TorchAttention
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
 from common.engine.models import CausalLM, build_model
+from common.engine.models.base import LayerTaps
 from common.engine.models.layers import can_pack
 from common.engine.ops import make_ops, skinny_kernels
 from common.engine.sampler import Sampler
@@ -144,21 +145,43 @@ class ModelRunner:
         # -- end of swap hook ----------------------------------------------------------------
         batch = self.flatten(plan)
         attention = self.attention_cls(batch.segments, self.kv_cache, self.model.ops)
-        hidden = self.model(batch.input_ids, batch.positions, attention)
+        taps = self._layer_taps(plan, batch)
+        hidden = self.model(batch.input_ids, batch.positions, attention, taps)
         output = ModelOutput()
         if batch.sample_rows:
             sampled_hidden = hidden[batch.sample_rows]
             logits = self.model.compute_logits(sampled_hidden)
             tokens = self.sampler(logits, [c.sampling for c in batch.sample_chunks],
                                   [c.num_output_tokens for c in batch.sample_chunks])
+            if plan.return_hidden:
+                kept = self._kept_hidden(plan, sampled_hidden, taps)
             for i, (chunk, token) in enumerate(zip(batch.sample_chunks, tokens)):
                 output.sampled_token_ids[chunk.seq_id] = token
                 if plan.return_logits:
                     output.logits[chunk.seq_id] = logits[i].clone()
                 if plan.return_hidden:
-                    output.hidden[chunk.seq_id] = sampled_hidden[i].float().cpu()
+                    output.hidden[chunk.seq_id] = kept[i]
         output.forward_seconds = time.perf_counter() - started
         return output
+
+    def _layer_taps(self, plan: BatchPlan, batch: FlatBatch) -> LayerTaps | None:
+        if not (plan.return_hidden and plan.hidden_layers and batch.sample_rows):
+            return None
+        num_layers = self.model.shape.num_layers
+        if any(not 0 <= layer <= num_layers for layer in plan.hidden_layers):
+            raise ValueError(f"hidden_layers {plan.hidden_layers} outside 0..{num_layers}")
+        return LayerTaps([layer for layer in plan.hidden_layers if layer < num_layers],
+                         batch.sample_rows)
+
+    def _kept_hidden(self, plan: BatchPlan, sampled_hidden: torch.Tensor,
+                     taps: LayerTaps | None) -> torch.Tensor:
+        """[rows, hidden] or [rows, len(hidden_layers), hidden] float32 on the CPU."""
+        if taps is None:
+            return sampled_hidden.float().cpu()
+        final = self.model.shape.num_layers
+        states = [sampled_hidden if layer == final else taps.states[layer]
+                  for layer in plan.hidden_layers]
+        return torch.stack(states, dim=1).float().cpu()
 
     def close(self) -> None:
         self.kv_cache.close()

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.config import EngineConfig, ModelConfig
 from common.engine.llm_engine import LLMEngine
 from length_predictor import cli
+from length_predictor.base import load_predictor
 from length_predictor.dataset import load_dataset
 from length_predictor.label_journal import JOURNAL_FILE
 from length_predictor.features import ExtractOptions, FeatureExtractor
@@ -137,12 +138,16 @@ def test_served_requests_carry_the_trained_predictors_buckets(dataset_dir, tiny_
     """A trained predictor beside the prefill instance: every request reaches decode with a
     prediction, which decode scores against the realized length."""
     out = tmp_path / kind
-    extra = (["--probe-epochs", 5] if kind == "probe" else
+    # The probe reads two layers, so the prefill forward taps an intermediate one too.
+    extra = (["--probe-epochs", 5, "--probe-layers", "1,2", "--probe-heads-per-layer", 2]
+             if kind == "probe" else
              ["--backbone", tiny_models["llama"], "--num-layers", 0, "--max-steps", 2,
               "--batch-size", 4])
     assert _run(cli.add_train_args, cli.run_train, [
         "--kind", kind, "--dataset", dataset_dir, "--out", out, "--granularity", 8,
         "--no-eval", *extra]) == 0
+    if kind == "probe":
+        assert load_predictor(out).hidden_layers == (1, 2)
     cluster = Cluster("--model", str(tiny_models["llama"]), "--predictor", str(out),
                       "--heavy-threshold", "8", log_dir=tmp_path)
     try:

@@ -37,6 +37,27 @@ class ModelShape:
         return 2.0 * num_params_matmul + attention
 
 
+class LayerTaps:
+    """Hidden states of some rows after some layers, collected during a forward.
+
+    Layers are numbered like Hugging Face's `hidden_states`: 0 is the embedding output and k the
+    residual stream after k decoder layers. The final normed state (the model's output, index
+    `num_layers` in HF) is what the forward returns, so the runner reads it there.
+    """
+
+    def __init__(self, layers: Iterable[int], rows: list[int]) -> None:
+        self.layers = frozenset(layers)
+        self.rows = rows
+        self.states: dict[int, torch.Tensor] = {}
+
+    def record(self, layer: int, x: torch.Tensor, residual: torch.Tensor | None = None) -> None:
+        """`x (+ residual)` at the rows, when `layer` is wanted; a copy, so later in-place
+        updates of the stream do not reach it."""
+        if layer in self.layers:
+            state = x[self.rows]
+            self.states[layer] = state if residual is None else state + residual[self.rows]
+
+
 class CausalLM(nn.Module, ABC):
     """A decoder-only language model over a paged KV cache.
 
@@ -49,8 +70,10 @@ class CausalLM(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                attention: AttentionContext) -> torch.Tensor:  # noqa: F821
-        """input_ids, positions: [T] int64. Returns hidden states [T, hidden_size]."""
+                attention: AttentionContext,  # noqa: F821
+                taps: LayerTaps | None = None) -> torch.Tensor:
+        """input_ids, positions: [T] int64. Returns the final hidden states [T, hidden_size];
+        `taps` collects intermediate ones (the length predictor's probe reads them)."""
 
     @abstractmethod
     def output_weight(self) -> torch.Tensor:

@@ -110,10 +110,14 @@ class LlamaForCausalLM(CausalLM):
         self.rope = RotaryEmbedding(self.shape.head_dim, self.shape.max_position_embeddings,
                                     theta, scaling)
 
-    def forward(self, input_ids, positions, attention):
+    def forward(self, input_ids, positions, attention, taps=None):
         x, residual = self.embed_tokens(input_ids), None
+        if taps is not None:
+            taps.record(0, x)
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, self.rope, self.ops, attention, i)
+            if taps is not None:
+                taps.record(i + 1, x, residual)
         return self.ops.add_rms_norm(x, residual, self.norm)[0]
 
     def output_weight(self) -> torch.Tensor:

@@ -80,13 +80,17 @@ class OPTForCausalLM(CausalLM):
         self.final_layer_norm = (nn.LayerNorm(hidden, elementwise_affine=cfg.get(
             "layer_norm_elementwise_affine", True)) if keep_final else None)
 
-    def forward(self, input_ids, positions, attention):
+    def forward(self, input_ids, positions, attention, taps=None):
         x = self.embed_tokens(input_ids)
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + _POSITION_OFFSET)
+        if taps is not None:
+            taps.record(0, x)
         for i, layer in enumerate(self.layers):
             x = layer(x, attention, i)
+            if taps is not None:
+                taps.record(i + 1, x)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:

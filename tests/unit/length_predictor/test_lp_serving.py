@@ -12,7 +12,7 @@ from common.config import ConfigError
 from common.errors import InvalidRequestError
 from length_predictor.base import LengthPredictor, PredictorMeta
 from length_predictor.buckets import LengthPrediction
-from length_predictor.probe import ProbeHead, ProbePredictor
+from length_predictor.probe import ProbeEnsemble, ProbeHead, ProbePredictor
 from length_predictor.serving import PredictorService, ServiceOptions
 
 META = PredictorMeta(kind="fake", granularity=100, max_output_tokens=400)
@@ -105,9 +105,9 @@ def test_probe_predicts_from_the_prefill_hidden_states_without_a_forward():
         head.net.weight.zero_()
         head.net.weight[:, 0] = torch.arange(5.0)  # feature 0 > 0 -> last bucket, < 0 -> first
     probe = ProbePredictor(PredictorMeta(kind="probe", granularity=100, max_output_tokens=400),
-                           head)
+                           ProbeEnsemble((30,), [head], [0]))
     with PredictorService(probe) as service:
-        assert service.uses_hidden_states
+        assert service.uses_hidden_states and service.hidden_layers == (30,)
         hidden = {"x": torch.tensor([3.0, 0, 0, 0, 0, 0]), "y": torch.tensor([-3.0, 0, 0, 0, 0, 0])}
         done = service.from_hidden(hidden)
         assert done["x"] == LengthPrediction(4, 400, 400)
@@ -158,13 +158,16 @@ def test_service_with_a_tiny_random_classifier(tmp_path):
 
 
 def test_service_loads_a_saved_predictor(tmp_path):
+    heads = [ProbeHead(4, 3, 8), ProbeHead(4, 3, 8)]
     probe = ProbePredictor(PredictorMeta(kind="probe", granularity=200, max_output_tokens=512),
-                           ProbeHead(4, 3, 8))
+                           ProbeEnsemble((5, 9), heads, [0, 1]))
     probe.save(tmp_path)
     with PredictorService.from_directory(tmp_path) as service:
         assert service.uses_hidden_states and service.predictor.granularity == 200
-        (prediction,) = service.from_hidden({"a": torch.ones(4)}).values()
-        assert prediction == probe.predict_hidden(torch.ones(1, 4))[0]
+        assert service.hidden_layers == (5, 9)
+        hidden = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+        (prediction,) = service.from_hidden({"a": hidden}).values()
+        assert prediction == probe.predict_hidden(hidden[None])[0]
 
 
 def test_light_modules_do_not_import_torch():
