@@ -3,7 +3,10 @@
 The paper fine-tunes OPT-125M for OPT-13B. Model hubs are out of reach here, so the default
 backbone is the checkpoint that ships locally: the default target model's own Hugging Face
 directory (SmolLM2-135M-Instruct), cut to its bottom `num_layers` layers so it is cheaper than
-the model it predicts for. Any local checkpoint works (`--backbone DIR`, e.g. OPT-125M).
+the model it predicts for: 18 of 30 by default, because the probe's layer study
+(docs/length_predictor.md) found the output length best read from the middle layers up, and a
+6-layer cut scored near the majority answer. Any local checkpoint works (`--backbone DIR`, e.g.
+OPT-125M with `--num-layers 0`).
 
 Training uses the transformers `Trainer`; to fit a 2-core CPU, only the top `train_layers`
 layers, the final norm and the new head are trained, in bfloat16 autocast, with batches grouped
@@ -37,9 +40,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 @dataclass(frozen=True)
 class ClassifierOptions:
     backbone: str | None = None  # local HF checkpoint; None = the target model's directory
-    num_layers: int = 6  # keep the bottom N transformer layers; 0 = all
+    num_layers: int = 18  # keep the bottom N transformer layers; 0 = all
     train_layers: int = 2  # top layers trained with the final norm and head; -1 = all
-    max_steps: int = 150
+    max_steps: int = 400
     batch_size: int = 16
     learning_rate: float = 3e-4
     warmup_fraction: float = 0.1  # of max_steps, linear warm-up then linear decay

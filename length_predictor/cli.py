@@ -108,11 +108,11 @@ def add_train_args(parser: argparse.ArgumentParser,
     clf = parser.add_argument_group("classifier")
     clf.add_argument("--backbone", default=None,
                      help="local HF checkpoint (default: the target model's directory)")
-    clf.add_argument("--num-layers", type=int, default=6,
+    clf.add_argument("--num-layers", type=int, default=18,
                      help="keep the backbone's bottom N layers (0 = all)")
     clf.add_argument("--train-layers", type=int, default=2,
                      help="top layers trained with the head (-1 = full fine-tuning)")
-    clf.add_argument("--max-steps", type=int, default=150)
+    clf.add_argument("--max-steps", type=int, default=400)
     clf.add_argument("--batch-size", type=int, default=16)
     clf.add_argument("--learning-rate", type=float, default=3e-4)
     clf.add_argument("--no-bf16", action="store_true", help="train in float32")
