@@ -115,6 +115,10 @@ class LengthPredictor(ABC):
         empty = the final one)."""
         return ()
 
+    def check_served_model(self, num_layers: int, hidden_size: int) -> None:
+        """Raise `InvalidRequestError` if this predictor cannot read the served model's hidden
+        states (kinds that read tokens read any model's)."""
+
     def predict_hidden(self, hidden) -> list[LengthPrediction]:
         """Predictions from the target model's last-prompt-token hidden states: `[N, hidden]`,
         or `[N, len(hidden_layers), hidden]` for a kind that reads several layers."""

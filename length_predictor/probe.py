@@ -181,6 +181,14 @@ class ProbePredictor(LengthPredictor):
     def input_shape(self) -> tuple[int, int]:
         return len(self.ensemble.layers), self.ensemble.hidden_size
 
+    def check_served_model(self, num_layers: int, hidden_size: int) -> None:
+        layers, width = self.hidden_layers, self.input_shape[1]
+        if width != hidden_size or max(layers) > num_layers:
+            raise InvalidRequestError(
+                f"the probe reads hidden states {layers} of width {width} (trained for "
+                f"{self.meta.target_model}); the served model has {num_layers} layers of width "
+                f"{hidden_size}: train a probe for this model")
+
     def predict_hidden(self, hidden) -> list[LengthPrediction]:
         """`hidden`: `[N, len(layers), hidden_size]`, or a list of `[len(layers), hidden_size]`
         (`[N, hidden_size]` / `[hidden_size]` rows for a probe of one layer)."""

@@ -36,6 +36,12 @@ class PrefillPredictor:
             self.service = PredictorService.from_directory(source, ServiceOptions(mode=mode))
             log.info("length predictor %s loaded (%s)", source, mode)
 
+    def check_served_model(self, shape) -> None:
+        """Fail at start-up, not at the first forward, when the predictor cannot read the
+        served model (a probe trained for another model)."""
+        if self.service is not None:
+            self.service.predictor.check_served_model(shape.num_layers, shape.hidden_size)
+
     @property
     def wants_hidden(self) -> bool:
         return self.service is not None and self.service.uses_hidden_states

@@ -69,6 +69,8 @@ class PrefillRole(Role):
         self.predictor = (PrefillPredictor(config.predictor, config.predictor_mode,
                                            config.oracle_granularity)
                           if config.predictor else None)
+        if self.predictor is not None:
+            self.predictor.check_served_model(ctx.runner.model.shape)
         self.chunked = ctx.config.transfer.granularity == "chunk"
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
         self.routes: dict[str, str] = {}  # request id -> gateway inbox, until the first token

@@ -128,7 +128,7 @@ def _ensemble_scores(x_train, y_train, x_eval, y_eval, num_buckets: int, layers,
     return correct / len(y_train), accuracy
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", required=True)
     parser.add_argument("--granularity", type=int, default=200)
@@ -139,7 +139,19 @@ def main() -> None:
     parser.add_argument("--heads-per-layer", type=int, default=3)
     parser.add_argument("--choices", default="",
                         help="semicolon-separated 'layers:pooling', e.g. '30:last;15,30:both'")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _single_head_choices(text: str, num_layers: int) -> list[tuple[tuple[int, ...], str]]:
+    if text:
+        return [(tuple(int(v) for v in c.split(":")[0].split(",")), c.split(":")[1])
+                for c in text.split(";")]
+    return [((layer,), pooling) for layer in range(0, num_layers + 1, 3)
+            for pooling in ("last", "mean")]
+
+
+def main() -> None:
+    args = _parse_args()
     torch.set_num_threads(args.threads)
     dataset_dir = Path(args.dataset)
     dataset = load_dataset(dataset_dir)
@@ -159,11 +171,7 @@ def main() -> None:
                                        rule(num_layers), args.heads_per_layer)
             print(f"{name} {rule(num_layers)}: cv {cv:.3f} eval {acc:.3f}", flush=True)
         return
-    choices = ([(tuple(int(v) for v in c.split(":")[0].split(",")), c.split(":")[1])
-                for c in args.choices.split(";")] if args.choices else
-               [((layer,), pooling) for layer in range(0, num_layers + 1, 3)
-                for pooling in ("last", "mean")])
-    for layers, pooling in choices:
+    for layers, pooling in _single_head_choices(args.choices, num_layers):
         xt, xe = _select(x_train, layers, pooling), _select(x_eval, layers, pooling)
         cv = _cross_validated(xt, y_train, bucketing.num_buckets)
         head, _ = train_head(xt, y_train, bucketing.num_buckets, ProbeOptions())

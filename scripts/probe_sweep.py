@@ -29,12 +29,19 @@ GRID = {"hidden_size": (0, 64, 256, 1024), "dropout": (0.1, 0.5), "weight_decay"
 
 
 def _split(dataset, features_dir: Path, split: str, bucketing: Bucketing, with_length: bool):
-    (path,) = features_dir.glob(f"*-{split}.pt")
-    saved = torch.load(path, weights_only=True)
+    # The engine's cache (not probe_layers.py's `layers-*`); a multi-layer cache gives its last
+    # layer, which is the final state for the default layer sets.
+    paths = [p for p in features_dir.glob(f"*-{split}.pt") if not p.name.startswith("layers-")]
+    if len(paths) != 1:
+        raise SystemExit(f"expected one engine feature cache for {split} in {features_dir}, "
+                         f"found {[p.name for p in paths]}")
+    saved = torch.load(paths[0], weights_only=True)
     examples = {e.example_id: e for e in (dataset.train if split == "train" else dataset.eval)}
     ids = saved["example_ids"].tolist()
     labels = [bucketing.bucket(examples[i].num_output_tokens) for i in ids]
     features = saved["features"].float()
+    if features.dim() == 3:
+        features = features[:, -1]
     if with_length:
         lengths = torch.tensor([[float(examples[i].num_prompt_tokens)] for i in ids])
         features = torch.cat([features, torch.log1p(lengths)], dim=1)

@@ -181,3 +181,25 @@ def test_light_modules_do_not_import_torch():
                             timeout=60, cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_prefill_refuses_a_probe_trained_for_another_model(tmp_path):
+    """A probe's layers and width must exist in the served model: checked when the prefill
+    instance starts, not at its first forward."""
+    from types import SimpleNamespace
+
+    from prefill_instance.prediction import PrefillPredictor
+
+    probe = ProbePredictor(PredictorMeta(kind="probe", granularity=200, max_output_tokens=512,
+                                         target_model="big"),
+                           ProbeEnsemble((15, 30), [ProbeHead(4, 3, 0)] * 2, [0, 1]))
+    probe.save(tmp_path)
+    attached = PrefillPredictor(str(tmp_path), "parallel", 0)
+    try:
+        attached.check_served_model(SimpleNamespace(num_layers=30, hidden_size=4))
+        with pytest.raises(InvalidRequestError, match="served model has 2 layers of width 4"):
+            attached.check_served_model(SimpleNamespace(num_layers=2, hidden_size=4))
+        with pytest.raises(InvalidRequestError, match="width 4 .*trained for big"):
+            attached.check_served_model(SimpleNamespace(num_layers=30, hidden_size=64))
+    finally:
+        attached.close()
