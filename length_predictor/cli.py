@@ -103,7 +103,7 @@ def add_train_args(parser: argparse.ArgumentParser,
                        help="hidden states read, HF numbering (k = after k decoder layers, the "
                             "layer count = the final state): a list like 15,30, 'final', or "
                             "'auto' (every third layer from the middle up)")
-    probe.add_argument("--probe-heads-per-layer", type=int, default=3,
+    probe.add_argument("--probe-heads-per-layer", type=int, default=5,
                        help="heads (seeds) per layer; the prediction averages all heads")
     clf = parser.add_argument_group("classifier")
     clf.add_argument("--backbone", default=None,

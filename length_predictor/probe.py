@@ -42,7 +42,7 @@ class ProbeOptions:
     # Hidden states read, numbered like Hugging Face's `hidden_states` (k = after k decoder
     # layers; the layer count = the final state). None: `default_probe_layers`.
     layers: tuple[int, ...] | None = None
-    heads_per_layer: int = 3  # seeds 0..n-1 (+ seed): each its own validation slice
+    heads_per_layer: int = 5  # seeds 0..n-1 (+ seed): each its own validation slice
 
 
 def default_probe_layers(num_layers: int) -> tuple[int, ...]:

@@ -11,7 +11,8 @@ the mean probability of `--heads-per-layer` heads on each layer), the same way; 
 the probe's default (every third layer from the middle up) was chosen.
 
     python scripts/probe_layers.py --dataset results/length_predictor/data-engine-2900 \\
-        --granularity 200 [--threads 2] [--extract-only | --ensembles [--heads-per-layer 3]]
+        --granularity 200 [--threads 2] [--extract-only | --ensembles [--heads-per-layer 3]
+        [--rules "every third"]]
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--ensembles", action="store_true",
                         help="compare the layer-set rules of the ensemble probe")
     parser.add_argument("--heads-per-layer", type=int, default=3)
+    parser.add_argument("--rules", default="",
+                        help="with --ensembles: only the rules whose name contains this")
     parser.add_argument("--choices", default="",
                         help="semicolon-separated 'layers:pooling', e.g. '30:last;15,30:both'")
     return parser.parse_args()
@@ -167,6 +170,8 @@ def main() -> None:
     num_layers = x_train.shape[1] - 1
     if args.ensembles:
         for name, rule in ENSEMBLE_RULES.items():
+            if args.rules not in name:
+                continue
             cv, acc = _ensemble_scores(x_train, y_train, x_eval, y_eval, bucketing.num_buckets,
                                        rule(num_layers), args.heads_per_layer)
             print(f"{name} {rule(num_layers)}: cv {cv:.3f} eval {acc:.3f}", flush=True)
