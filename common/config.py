@@ -230,7 +230,9 @@ class InstanceConfig:
     stall_timeout_s: float = 120.0
     inbox_port: int = 0  # 0 = any free port
     advertise_host: str | None = None  # the address others reach this instance at (pod IP)
-    metrics_port: int = 0  # HTTP /health, /ready, /metrics; 0 = off
+    # HTTP /health, /ready, /metrics; 0 = off, -1 = any free port (the reported metrics URL
+    # carries the one bound, so nothing races for a port picked in advance)
+    metrics_port: int = 0
     cluster_secret_file: str | None = None  # CurveZMQ on every internal socket (common.security)
     # The coupled role (co-located baselines): policy, host swap tier, policy knobs.
     coupled_policy: str = "sarathi"

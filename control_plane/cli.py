@@ -102,7 +102,7 @@ def _add_instance(sub) -> None:
     p.add_argument("--inbox-port", type=int, default=0, help="message inbox (0 = any)")
     p.add_argument("--kv-port", type=int, default=0, help="KV transfer endpoint (0 = any)")
     p.add_argument("--metrics-port", type=int, default=0,
-                   help="HTTP /health, /ready and /metrics (0 = off)")
+                   help="HTTP /health, /ready and /metrics (0 = off, -1 = any free port)")
     add_store_args(p)
     add_instance_args(p)
     add_engine_args(p)

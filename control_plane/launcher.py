@@ -48,9 +48,10 @@ def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
 
 
 def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None,
-                  startup_failure=None) -> None:
-    """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves.
-    `startup_failure()` is polled until then: a message from it stops the server and raises."""
+                  startup_failure=None, expected_instances: int = 0) -> None:
+    """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves and
+    at least `expected_instances` instances have reported ready. `startup_failure()` is polled
+    until then: a message from it stops the server and raises."""
     config = gateway.config
     app = create_app(gateway, aliases)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
@@ -59,16 +60,23 @@ def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None,
     failure: list[str] = []
     if on_ready is not None or startup_failure is not None:
         threading.Thread(target=_announce, daemon=True,
-                         args=(server, gateway, on_ready, startup_failure, failure)).start()
+                         args=(server, gateway, on_ready, startup_failure, failure,
+                               expected_instances)).start()
     server.run()
     if failure:
         raise SplitserveError(failure[0])
 
 
+def _num_ready(gateway: Gateway) -> int:
+    return sum(len(gateway.registry.ready(role)) for role in ("prefill", "decode", "coupled"))
+
+
 def _announce(server: uvicorn.Server, gateway: Gateway, on_ready, startup_failure,
-              failure: list[str]) -> None:
+              failure: list[str], expected_instances: int) -> None:
+    # "Ready" once every instance we started serves: a caller that asked for two decode
+    # instances may address either right away.
     while not server.should_exit:
-        if server.started and gateway.is_serving():
+        if server.started and gateway.is_serving() and _num_ready(gateway) >= expected_instances:
             if on_ready is not None:
                 on_ready(f"http://{gateway.config.host}:{gateway.config.port}")
             return
@@ -96,7 +104,7 @@ def spawn_instance(role: str, index: int, instance_args: list[str], gateway_inbo
                    log_dir: Path | None) -> InstanceProcess:
     command = [sys.executable, "-m", "control_plane.cli", "instance", "--role", role,
                "--instance-id", f"{role}-{index}", "--gateway", gateway_inbox,
-               "--metrics-port", str(free_port("127.0.0.1")), *instance_args]
+               "--metrics-port", "-1", *instance_args]
     output = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -135,7 +143,8 @@ def run_up(config: GatewayConfig, counts: dict[str, int], instance_args: list[st
         serve_gateway(gateway, aliases,
                       on_ready=lambda url: print(f"splitserve: ready at {url} "
                                                  f"(Ctrl-C to stop)", flush=True),
-                      startup_failure=lambda: _exited_instance(instances, log_dir))
+                      startup_failure=lambda: _exited_instance(instances, log_dir),
+                      expected_instances=len(instances))
     finally:
         stop_instances(instances)
 

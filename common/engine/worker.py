@@ -173,10 +173,10 @@ class InstanceWorker:
         self.ctx = RoleContext(self.instance_id, config, self.runner,
                                KVCacheManager(layout.num_blocks, layout.block_size),
                                self.transfer, self.outbox, self.inbox.address, self.metrics)
-        self.http = (serve_http(self.metrics, config.host, config.metrics_port)
+        self.http = (serve_http(self.metrics, config.host, max(config.metrics_port, 0))
                      if config.metrics_port else None)
         self._metrics_url = (f"http://{config.advertise_host or config.host}:"
-                             f"{config.metrics_port}" if config.metrics_port else "")
+                             f"{self.http.server_address[1]}" if self.http else "")
         self.role_classes = preload_roles()
         self.role = load_role(config.role, self.ctx)
         self.link = make_link(config, self.outbox)

@@ -145,7 +145,11 @@ def _resume_and_watch(cluster: Cluster, victim: dict) -> tuple[int, float]:
 def test_decode_instance_that_stops_reading(tmp_path, tiny, then):
     cluster = Cluster("--model", tiny, "--decode", "2", "--kv-memory-gib", "0.1",
                       "--instance-timeout", "1.0", log_dir=tmp_path)
-    victim = next(i for i in cluster.cluster()["instances"] if i["instance_id"] == "decode-0")
+    # `up` says ready only once every instance it started has reported (a clean-clone run once
+    # found decode-0 missing right after "ready", when one decode instance was enough).
+    instances = cluster.cluster()["instances"]
+    assert {"prefill-0", "decode-0", "decode-1"} <= {i["instance_id"] for i in instances}
+    victim = next(i for i in instances if i["instance_id"] == "decode-0")
     try:
         # Long enough that decode-0 is seen running 4 sequences: with 60-120 tokens, after the
         # faster CPU kernels, one full-suite run of five never saw it (likely the load ending
