@@ -145,12 +145,14 @@ def _resume_and_watch(cluster: Cluster, victim: dict) -> tuple[int, float]:
 def test_decode_instance_that_stops_reading(tmp_path, tiny, then):
     cluster = Cluster("--model", tiny, "--decode", "2", "--kv-memory-gib", "0.1",
                       "--instance-timeout", "1.0", log_dir=tmp_path)
-    # `up` says ready only once every instance it started has reported (a clean-clone run once
-    # found decode-0 missing right after "ready", when one decode instance was enough).
-    instances = cluster.cluster()["instances"]
-    assert {"prefill-0", "decode-0", "decode-1"} <= {i["instance_id"] for i in instances}
-    victim = next(i for i in instances if i["instance_id"] == "decode-0")
+    victim = None
     try:
+        # `up` says ready only once every instance it started has reported (a clean-clone run
+        # found decode-0 missing right after "ready", and the cluster leaked: this was before
+        # the try).
+        instances = cluster.cluster()["instances"]
+        assert {"prefill-0", "decode-0", "decode-1"} <= {i["instance_id"] for i in instances}
+        victim = next(i for i in instances if i["instance_id"] == "decode-0")
         # Long enough that decode-0 is seen running 4 sequences: with 60-120 tokens, after the
         # faster CPU kernels, one full-suite run of five never saw it (likely the load ending
         # between two of the instance's reports).
@@ -175,7 +177,7 @@ def test_decode_instance_that_stops_reading(tmp_path, tiny, then):
         assert violations(live) == 0
         assert cluster.cluster()["gateway"]["requests_in_flight"] == 0
     finally:
-        if os.path.exists(f"/proc/{victim['pid']}"):
+        if victim is not None and os.path.exists(f"/proc/{victim['pid']}"):
             os.kill(victim["pid"], signal.SIGCONT)
         cluster.stop()
 
