@@ -28,13 +28,13 @@ from common.model_files import resolve_model
 from length_predictor.base import DEFAULT_MAX_INPUT_TOKENS, cut_prompt
 from length_predictor.buckets import Bucketing
 from length_predictor.dataset import load_dataset
-from length_predictor.probe import ProbeOptions, train_ensemble, train_head
+from length_predictor.probe import ProbeOptions, default_probe_layers, train_ensemble, train_head
 
 ENSEMBLE_RULES = {  # for a model of n layers; n itself is the final normed state
     "final": lambda n: (n,),
     "middle": lambda n: (n // 2,),
     "upper half, every layer": lambda n: tuple(range(n // 2, n + 1)),
-    "upper half, every third (default)": lambda n: tuple(range(n, n // 2 - 1, -3))[::-1],
+    "upper half, every third (default)": default_probe_layers,
 }
 
 

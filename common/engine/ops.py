@@ -36,7 +36,8 @@ class TorchOps:
         return F.silu(gate) * up
 
     def store_kv(self, k_cache, v_cache, slots, k, v) -> None:
-        """Write keys and values [n, KVH, D] into cache slots `slots` ([num_blocks * block_size])."""
+        """Write keys and values [n, KVH, D] into cache slots `slots` (indices into
+        num_blocks * block_size)."""
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v)
