@@ -17,6 +17,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 = disabled
+    # Drop tokens less likely than min_p times the likeliest one (after temperature); 0 = off.
+    min_p: float = 0.0
     # Sampling with a seed is a pure function of (seed, index of the generated token), so a
     # request gives the same text whichever instances and batches it passes through.
     seed: int | None = None
@@ -38,6 +40,8 @@ class SamplingParams(msgspec.Struct, frozen=True, omit_defaults=True):
             raise InvalidRequestError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
         if any(not s for s in self.stop):

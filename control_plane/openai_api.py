@@ -2,8 +2,8 @@
 
 Accepts what benchmark clients send to vLLM's server (`max_completion_tokens`, `ignore_eos`,
 `stream_options` with `include_usage` and `continuous_usage_stats`, `best_of: 1`,
-`logprobs: null`, `stop: null`, `top_k`, `stop_token_ids`); unknown fields are ignored, as vLLM
-does. What we cannot honour (n > 1, logprobs, echo, penalties) is refused with a 400 that says
+`logprobs: null`, `stop: null`, `top_k`, `min_p`, `stop_token_ids`); unknown fields are
+ignored, as vLLM does. What we cannot honour (n > 1, logprobs, echo, penalties) is refused with a 400 that says
 so, never silently ignored.
 """
 
@@ -32,6 +32,7 @@ class _CommonRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=100.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     seed: int | None = None
@@ -76,7 +77,8 @@ class _CommonRequest(BaseModel):
         params = SamplingParams(
             max_tokens=default_max_tokens if requested is None else requested,
             temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k, seed=self.seed,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=top_k,
+            min_p=self.min_p or 0.0, seed=self.seed,
             stop=tuple(stop), stop_token_ids=tuple(self.stop_token_ids or ()),
             eos_token_ids=eos_token_ids, ignore_eos=self.ignore_eos)
         return params.validate()

@@ -101,10 +101,19 @@ class ModelRunner:
                                  shape.max_position_embeddings)
         layout = kv_layout_for(self.model, config, self.dtype_name)
         self.kv_cache = KVCache(layout, str(self.device), shared_memory=config.cache.shared_memory)
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = Sampler(self.device, config.seed, kernels=self._sampling_kernels())
         self.attention_cls = attention_backend(self.device, config.cache.block_size)
         # The second KV tier for plans that swap; a role that preempts by swap attaches one.
         self.swap_space: HostSwapSpace | None = None
+
+    def _sampling_kernels(self):
+        """The CPU kernels module for the sampler, also in the exact float32 mode (sampling
+        does not touch the logits' arithmetic)."""
+        if self.device.type != "cpu":
+            return None
+        from common.engine import cpu_kernels
+
+        return cpu_kernels.load(self.config.model.cache_dir)
 
     @property
     def kv_layout(self) -> KVLayout:

@@ -12,6 +12,7 @@
 //                           where they lie (no gather), grouped-query heads sharing each KV read
 //                           (decode_attention_generic.h; bfloat16 on AVX512-BF16 CPUs takes
 //                           decode_attention_bf16.h)
+//   sample_rows         one token per logits row: temperature, top-k, top-p, min-p (sampling.h)
 //   paged_prefill_attention  a prefill chunk of one sequence, causal over its cached context
 //                           (prefill_attention_bf16.h on AVX512-BF16, else row by row through
 //                           the decode kernel)
@@ -209,6 +210,7 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
 #include "skinny_linear_common.h"
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
+#include "sampling.h"
 
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
@@ -373,6 +375,7 @@ void skinny_linear(at::Tensor out, at::Tensor x, at::Tensor packed, at::Tensor b
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("sample_rows", &sampling::sample);
   m.def("skinny_linear_dtypes", &skinny_linear_dtypes);
   m.def("skinny_pack", &skinny_pack);
   m.def("skinny_linear", &skinny_linear);

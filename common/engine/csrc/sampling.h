@@ -1,0 +1,204 @@
+// Batched token sampling for the rows of a logits matrix (included by cpu_ops.cpp).
+//
+// One task per row, all rows of a step in one call, each pass over the vocabulary vectorized:
+//   greedy rows   (inv_temp 0) the first maximal logit;
+//   exponentiate  e_i = exp((x_i - max) / T), 0 for -inf logits; max e is 1, so min-p is the
+//                 plain threshold e >= min_p;
+//   top-k         the k-th largest e, by nth_element over the candidates at or above the
+//                 highest of a few fixed levels that still holds k tokens (a peaked row keeps a
+//                 few dozen of 49 K; a flat one all of them); tokens tied at the cut all stay;
+//   draw          inverse CDF in vocabulary order over the kept tokens: the first whose running
+//                 mass exceeds u times the kept mass;
+//   top-p         by rejection, without sorting or selecting (as FlashInfer samples): draw from
+//                 the survivors of min-p and top-k that lie above a pivot; accept the token if
+//                 the survivors strictly above it hold less than p of the survivors' mass (it
+//                 is then in the top-p set, ties included); else raise the pivot to it (nothing
+//                 at or below it is in the set) and draw again. Every proposal is a sample of a
+//                 superset of the top-p set, so an accepted one is exact; the first is accepted
+//                 with probability >= p.
+// u for draw r of a row is splitmix64(key + r * golden) scaled to [0, 1): the caller gives each
+// row a 64-bit key, a pure function of (seed, token index) for a seeded row, so its token does
+// not depend on the batch or the instance.
+#pragma once
+
+namespace sampling {
+
+constexpr int kLevels = 4;
+constexpr float kLevelValues[kLevels] = {0x1p-3f, 0x1p-7f, 0x1p-12f, 0x1p-20f};
+constexpr int64_t kBlock = 64;  // the draw's running sum advances a block at a time
+constexpr int kMaxDraws = 64;   // top-p rejection rounds before taking the pivot's cut exactly
+
+struct Scratch {
+  std::vector<float> e, values;
+};
+
+inline double uniform(uint64_t key, int round) {
+  uint64_t z = key + static_cast<uint64_t>(round) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1p-53;
+}
+
+inline float row_max(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// The first maximal element: block maxima in one vectorized pass, then the winning block.
+inline int64_t argmax(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  int64_t best_block = 0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const float m = row_max(x + start, std::min(kBlock, n - start));
+    if (m > best) {
+      best = m;
+      best_block = start;
+    }
+  }
+  for (int64_t i = best_block; i < std::min(n, best_block + kBlock); ++i)
+    if (x[i] == best) return i;
+  return 0;  // NaN or -inf everywhere
+}
+
+// e = exp((x - mx) * inv_temp), 0 where x is -inf.
+inline void exponentiate(const float* x, int64_t n, float mx, float inv_temp, float* e) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) e[i] = x[i] == neg_inf ? 0.f : fast_exp((x[i] - mx) * inv_temp);
+}
+
+// Mass of the values > above and >= cut.
+inline double mass(const float* e, int64_t n, float cut, float above) {
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += (e[i] >= cut && e[i] > above) ? e[i] : 0.f;
+  return total;
+}
+
+// The k-th largest e (0 < k < n), selecting among the values at or above the highest level
+// that holds k of them.
+inline float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& values) {
+  float lower = 0.f;
+  for (int l = 0; l < kLevels && lower == 0.f; ++l) {
+    int64_t count = 0;
+    const float level = kLevelValues[l];
+#pragma omp simd reduction(+ : count)
+    for (int64_t i = 0; i < n; ++i) count += e[i] >= level;
+    if (count >= k) lower = level;
+  }
+  values.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (e[i] >= lower) values.push_back(e[i]);
+  std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<float>());
+  return values[k - 1];
+}
+
+inline bool kept(float v, float cut, float above) { return v >= cut && v > above && v > 0.f; }
+
+// Inverse CDF in vocabulary order over the values >= cut and > above, whose mass is `total`.
+inline int64_t draw(const float* e, int64_t n, float cut, float above, double total, double u) {
+  const double goal = u * total;
+  double acc = 0.0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t stop = std::min(n, start + kBlock);
+    float block = 0.f;
+#pragma omp simd reduction(+ : block)
+    for (int64_t i = start; i < stop; ++i) block += (e[i] >= cut && e[i] > above) ? e[i] : 0.f;
+    if (acc + block <= goal) {
+      acc += block;
+      continue;
+    }
+    for (int64_t i = start; i < stop; ++i) {
+      if (!kept(e[i], cut, above)) continue;
+      acc += e[i];
+      if (acc > goal) return i;
+    }
+  }
+  for (int64_t i = n - 1; i > 0; --i)  // rounding left the goal unreached: the last kept token
+    if (kept(e[i], cut, above)) return i;
+  return 0;
+}
+
+// The exact top-p cut among the values >= cut and > above (which hold the top-p set), by
+// sorting them: the fallback when rejection has not accepted after kMaxDraws rounds.
+inline float top_p_cut(const float* e, int64_t n, float cut, float above, double target,
+                       std::vector<float>& values) {
+  values.clear();
+  for (int64_t i = 0; i < n; ++i)
+    if (kept(e[i], cut, above)) values.push_back(e[i]);
+  std::sort(values.begin(), values.end(), std::greater<float>());
+  double before = 0.0;
+  for (size_t j = 0; j < values.size(); ++j) {
+    if (before + values[j] >= target) return values[j];
+    before += values[j];
+  }
+  return values.empty() ? cut : values.back();
+}
+
+inline int64_t sample_row(const float* x, int64_t n, float inv_temp, int64_t top_k, float top_p,
+                          float min_p, uint64_t key, Scratch& s) {
+  if (inv_temp == 0.f) return argmax(x, n);
+  const float mx = row_max(x, n);
+  if (!(mx > -std::numeric_limits<float>::infinity())) return 0;  // nothing finite to draw
+  s.e.resize(n);
+  float* e = s.e.data();
+  exponentiate(x, n, mx, inv_temp, e);
+  float cut = min_p;
+  if (top_k > 0 && top_k < n) cut = std::max(cut, kth_largest(e, n, top_k, s.values));
+  const double survivors = mass(e, n, cut, -1.f);
+  if (top_p >= 1.f) return draw(e, n, cut, -1.f, survivors, uniform(key, 0));
+  const double target = static_cast<double>(top_p) * survivors;
+  float pivot = -1.f;
+  double kept = survivors;
+  for (int round = 0; round < kMaxDraws; ++round) {
+    const int64_t token = draw(e, n, cut, pivot, kept, uniform(key, round));
+    const double above = mass(e, n, cut, e[token]);
+    if (above < target) return token;
+    pivot = e[token];
+    kept = above;
+  }
+  // Rarely reached (each round accepts with probability >= p): cut exactly by sorting what is
+  // left above the pivot (the top of the survivors, so the target is unchanged).
+  const float exact = top_p_cut(e, n, cut, pivot, target, s.values);
+  return draw(e, n, exact, pivot, mass(e, n, exact, pivot), uniform(key, kMaxDraws));
+}
+
+// logits [N, V] float32 (rows contiguous); rows int64 [R]: which logits rows to sample; the
+// per-row parameters are [R] tensors (inv_temp 0 = greedy; keys: int64 bit patterns of the
+// rows' 64-bit keys). Returns int64 [R] token ids.
+at::Tensor sample(at::Tensor logits, at::Tensor rows, at::Tensor inv_temp, at::Tensor top_k,
+                  at::Tensor top_p, at::Tensor min_p, at::Tensor keys) {
+  TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.stride(1) == 1 &&
+                  logits.scalar_type() == at::kFloat, "logits: [N, V] float32, rows contiguous");
+  const int64_t num = rows.numel(), vocab = logits.size(1), stride = logits.stride(0);
+  const std::pair<const at::Tensor*, at::ScalarType> params[] = {
+      {&rows, at::kLong}, {&inv_temp, at::kFloat}, {&top_k, at::kLong}, {&top_p, at::kFloat},
+      {&min_p, at::kFloat}, {&keys, at::kLong}};
+  for (const auto& [t, dtype] : params)
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->numel() == num &&
+                    t->scalar_type() == dtype,
+                "sampling parameters: contiguous [R] CPU tensors of the documented dtypes");
+  const int64_t* row = rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < num; ++r)
+    TORCH_CHECK(row[r] >= 0 && row[r] < logits.size(0), "row ", row[r], " outside the logits");
+  auto out = at::empty({num}, rows.options());
+  const float* base = logits.data_ptr<float>();
+  const float* t = inv_temp.data_ptr<float>();
+  const int64_t* k = top_k.data_ptr<int64_t>();
+  const float* p = top_p.data_ptr<float>();
+  const float* mp = min_p.data_ptr<float>();
+  const int64_t* key = keys.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, num, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch;
+    for (int64_t r = begin; r < end; ++r)
+      o[r] = sample_row(base + row[r] * stride, vocab, t[r], k[r], p[r], mp[r],
+                        static_cast<uint64_t>(key[r]), scratch);
+  });
+  return out;
+}
+
+}  // namespace sampling
