@@ -40,9 +40,14 @@ class ModelConfig:
     num_threads: int | None = None
     # Name the API reports in /v1/models; None = derived from the path.
     served_name: str | None = None
+    # Decode steps on CUDA replay graphs captured at start-up (common.engine.cuda_graphs) for
+    # batches up to cuda_graph_max_batch sequences (and up to BatchConfig.max_num_seqs).
+    cuda_graphs: bool = True
+    cuda_graph_max_batch: int = 256
 
     def __post_init__(self) -> None:
         _require(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _require(self.cuda_graph_max_batch > 0, "cuda_graph_max_batch must be > 0")
         _require(self.max_model_len is None or self.max_model_len > 0, "max_model_len must be > 0")
         _require(self.num_threads is None or self.num_threads > 0, "num_threads must be > 0")
 

@@ -52,13 +52,18 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 51
     group.add_argument("--seed", type=int, default=0, help="engine seed for unseeded sampling")
     group.add_argument("--cache-dir", default=os.environ.get(CACHE_ENV, "~/.cache/splitserve"),
                        help=f"converted-weights cache (env {CACHE_ENV})")
+    group.add_argument("--no-cuda-graphs", action="store_true",
+                       help="on CUDA, run decode steps eagerly instead of replaying graphs")
+    group.add_argument("--cuda-graph-max-batch", type=int, default=256,
+                       help="largest decode batch captured as a CUDA graph")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=ModelConfig(path=args.model, dtype=args.dtype, device=args.device,
                           max_model_len=args.max_model_len, cache_dir=args.cache_dir,
-                          num_threads=args.threads),
+                          num_threads=args.threads, cuda_graphs=not args.no_cuda_graphs,
+                          cuda_graph_max_batch=args.cuda_graph_max_batch),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                           memory_gib=args.kv_memory_gib),
         batch=BatchConfig(max_num_seqs=args.max_num_seqs,
@@ -295,7 +300,7 @@ def instance_passthrough(args: argparse.Namespace) -> list[str]:
                  "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file",
                  "dispatch_policy", "heavy_threshold", "predictor", "predictor_mode",
                  "oracle_granularity", "decode_admission", "decode_preempt",
-                 "decode_swap_blocks", "decode_swap_bandwidth"):
+                 "decode_swap_blocks", "decode_swap_bandwidth", "cuda_graph_max_batch"):
         value = getattr(args, flag)
         if value is not None:
             forwarded += [f"--{flag.replace('_', '-')}", str(value)]
@@ -303,6 +308,8 @@ def instance_passthrough(args: argparse.Namespace) -> list[str]:
         forwarded.append("--pad-chunks")
     if args.use_upper_end:
         forwarded.append("--use-upper-end")
+    if args.no_cuda_graphs:
+        forwarded.append("--no-cuda-graphs")
     for pair in args.policy_option:
         forwarded += ["--policy-option", pair]
     forwarded += ["--threads", str(args.threads_per_instance)]

@@ -14,14 +14,24 @@ sys.path.insert(0, str(ROOT / "tests"))
 CACHE_DIR = os.environ.get("SPLITSERVE_CACHE", "~/.cache/splitserve")
 
 
-def pytest_collection_modifyitems(config, items):
+def _has_cuda() -> bool:
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        return torch.cuda.is_available()
     except ImportError:
-        has_cuda = False
-    if has_cuda:
+        return False
+
+
+# Without a GPU, Triton kernels (common.engine.attention_triton) run under Triton's interpreter
+# on CPU tensors. Set before anything imports triton: a kernel reads the flag when it is defined.
+# With CUDA the compiled kernels run, unless the caller set the flag.
+if not _has_cuda():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
     for item in items:

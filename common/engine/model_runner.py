@@ -62,15 +62,21 @@ def kv_layout_for(model: CausalLM, config: EngineConfig, dtype: str) -> KVLayout
     return layout.with_num_blocks(max(num_blocks, 1))
 
 
-def attention_backend(device: torch.device, block_size: int):
-    """flash-attn's paged varlen kernel on CUDA when installed (block_size % 256 == 0), else
-    torch."""
-    if device.type == "cuda":
-        from common.engine import attention_flash
+def attention_backend(device: torch.device, layout: KVLayout):
+    """On CUDA: flash-attn's paged varlen kernel when installed and blocks hold a multiple of
+    256 tokens, else our Triton kernel when triton imports and takes the layout, else torch
+    attention. On CPU: torch attention (with the C++ kernels where the ops have them)."""
+    if device.type != "cuda":
+        return TorchAttention
+    from common.engine import attention_flash, attention_triton
 
-        if attention_flash.available(block_size):
-            return attention_flash.FlashAttention
-        log.warning("flash-attn unavailable or block_size %% 256 != 0: torch attention on CUDA")
+    if attention_flash.available(layout.block_size):
+        return attention_flash.FlashAttention
+    if attention_triton.available(device, layout):
+        return attention_triton.TritonAttention
+    log.warning("no paged CUDA kernel (flash-attn: not installed or block_size %% 256 != 0; "
+                "Triton: %s): torch attention on CUDA",
+                attention_triton.unsupported_reason(layout) or "bfloat16 before sm_80")
     return TorchAttention
 
 
@@ -102,7 +108,13 @@ class ModelRunner:
         layout = kv_layout_for(self.model, config, self.dtype_name)
         self.kv_cache = KVCache(layout, str(self.device), shared_memory=config.cache.shared_memory)
         self.sampler = Sampler(self.device, config.seed, kernels=self._sampling_kernels())
-        self.attention_cls = attention_backend(self.device, config.cache.block_size)
+        self.attention_cls = attention_backend(self.device, layout)
+        # Decode steps on CUDA replay captured graphs (common.engine.cuda_graphs); None on CPU.
+        self.graphs = None
+        if self.device.type == "cuda":
+            from common.engine import cuda_graphs
+
+            self.graphs = cuda_graphs.for_runner(self)
         # The second KV tier for plans that swap; a role that preempts by swap attaches one.
         self.swap_space: HostSwapSpace | None = None
 
@@ -153,9 +165,12 @@ class ModelRunner:
             return ModelOutput(forward_seconds=time.perf_counter() - started)
         # -- end of swap hook ----------------------------------------------------------------
         batch = self.flatten(plan)
-        attention = self.attention_cls(batch.segments, self.kv_cache, self.model.ops)
-        taps = self._layer_taps(plan, batch)
-        hidden = self.model(batch.input_ids, batch.positions, attention, taps)
+        if self.graphs is not None and self.graphs.can_run(plan, batch):
+            taps, hidden = None, self.graphs.run(batch)  # a captured decode step
+        else:
+            attention = self.attention_cls(batch.segments, self.kv_cache, self.model.ops)
+            taps = self._layer_taps(plan, batch)
+            hidden = self.model(batch.input_ids, batch.positions, attention, taps)
         output = ModelOutput()
         if batch.sample_rows:
             sampled_hidden = hidden[batch.sample_rows]
