@@ -167,6 +167,25 @@ def test_skinny_linear_equals_f_linear(kernel_ops, dtype, rows, with_bias):
                                **SKINNY_TOL[dtype])
 
 
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 32, 33, 50, 256])
+def test_amx_tile_linear_equals_f_linear(kernel_ops, rows):
+    """Input widths that are multiples of 32 take the AMX tile kernel on CPUs with AMX: row
+    groups of 16 and 32 with partial ones, a partial last output pair (out 45 = 32 + 13)."""
+    from common.engine.models.layers import AMX_TILE_MAX_ROWS, PackedLinear
+
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(45, 96, generator=gen).bfloat16()
+    bias = torch.randn(45, generator=gen).bfloat16()
+    layer = PackedLinear(weight, bias, kernel_ops.k)
+    if layer.skinny is None or layer.skinny_weight.dim() != 5:
+        pytest.skip("no AMX tiles on this CPU")
+    assert layer.skinny_max_rows == AMX_TILE_MAX_ROWS
+    for x in (torch.randn(rows, 96, generator=gen).bfloat16(),
+              torch.randn(rows, 192, generator=gen).bfloat16()[:, 96:]):  # strided rows
+        expected = F.linear(x.float(), weight.float(), bias.float()).bfloat16()
+        torch.testing.assert_close(layer(x), expected, **SKINNY_TOL[torch.bfloat16])
+
+
 def test_bfloat16_skinny_kernel_skips_odd_input_widths(kernel_ops):
     if "bfloat16" not in kernel_ops.k.skinny_linear_dtypes():
         pytest.skip("no skinny bfloat16 kernel on this CPU")
@@ -180,12 +199,13 @@ def test_bfloat16_skinny_kernel_skips_odd_input_widths(kernel_ops):
 
 
 def test_skinny_row_limit_keeps_onednn_for_batches_on_amx(kernel_ops, monkeypatch):
-    """On AMX CPUs oneDNN's tiles outpace VDPBF16PS beyond decode rows: the limit drops to 8."""
+    """On AMX CPUs oneDNN's tiles outpace VDPBF16PS beyond decode rows: the limit drops to 8
+    (for weights the AMX tile kernel does not take: input width not a multiple of 32)."""
     if "bfloat16" not in kernel_ops.k.skinny_linear_dtypes():
         pytest.skip("no skinny bfloat16 kernel on this CPU")
     from common.engine.models import layers
 
-    weight = torch.randn(64, 32).to(torch.bfloat16)
+    weight = torch.randn(64, 34).to(torch.bfloat16)
     monkeypatch.setattr(layers, "has_amx", lambda: False)
     assert layers.PackedLinear(weight, None, kernel_ops.k).skinny_max_rows == 256
     monkeypatch.setattr(layers, "has_amx", lambda: True)

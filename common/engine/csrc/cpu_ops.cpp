@@ -210,6 +210,7 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
 #include "skinny_linear_common.h"
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
+#include "amx_linear_bf16.h"
 #include "sampling.h"
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -355,6 +356,11 @@ std::vector<std::string> skinny_linear_dtypes() {
 }
 
 at::Tensor skinny_pack(at::Tensor weight) {
+#if defined(SPLITSERVE_AMX_BF16)  // AMX tiles where the input width is a multiple of 32
+  if (weight.scalar_type() == at::kBFloat16 && weight.dim() == 2 &&
+      weight.size(1) % amx_bf16::kK == 0 && amx_bf16::enable())
+    return amx_bf16::pack(weight);
+#endif
 #if defined(SPLITSERVE_SKINNY_BF16)
   if (weight.scalar_type() == at::kBFloat16) return skinny_bf16::pack(weight);
 #endif
@@ -365,6 +371,9 @@ at::Tensor skinny_pack(at::Tensor weight) {
 }
 
 void skinny_linear(at::Tensor out, at::Tensor x, at::Tensor packed, at::Tensor bias) {
+#if defined(SPLITSERVE_AMX_BF16)
+  if (packed.dim() == 5) return amx_bf16::linear(out, x, packed, bias);
+#endif
 #if defined(SPLITSERVE_SKINNY_BF16)
   if (x.scalar_type() == at::kBFloat16) return skinny_bf16::linear(out, x, packed, bias);
 #endif

@@ -154,9 +154,13 @@ class WeightLoader:
 # equal at 128; bfloat16 on the AVX512-BF16 EPYC, 1.7-2.7x faster up to 8 rows and, since it
 # prefetches the next weight slice, 1.1-1.4x at 16-192 rows, equal at 256-512.
 # Not measured on a CPU with AMX, where oneDNN's bfloat16 matmuls use the tiles: there the
-# skinny kernel keeps only the decode rows it was first built for.
+# VDPBF16PS kernel keeps only the decode rows it was first built for...
 SKINNY_MAX_ROWS = {torch.float32: 64, torch.bfloat16: 256}
 SKINNY_MAX_ROWS_WITH_AMX = {torch.float32: 64, torch.bfloat16: 8}
+# ...and weights whose input width is a multiple of 32 take the AMX tile kernel instead
+# (csrc/amx_linear_bf16.h; its packed weight is 5-d): on the seventh session's 2-core Xeon
+# 1.1-1.7x faster than oneDNN at 1-256 rows, equal or slower from 512.
+AMX_TILE_MAX_ROWS = 256
 
 
 class PackedLinear(nn.Module):
@@ -179,6 +183,8 @@ class PackedLinear(nn.Module):
         if self.skinny is not None:
             self.skinny_weight = skinny.skinny_pack(weight.detach())
             self.skinny_bias = self.bias if self.bias is not None else weight.new_empty(0)
+            if self.skinny_weight.dim() == 5:
+                self.skinny_max_rows = AMX_TILE_MAX_ROWS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.skinny is not None and x.dim() == 2 and x.shape[0] <= self.skinny_max_rows:
