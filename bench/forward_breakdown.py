@@ -32,7 +32,7 @@ def _timers(runner, totals: collections.Counter):
                (type(runner.model), "compute_logits", "logits"),
                (type(runner), "execute", "execute")]
     targets += [(ops, name, name) for name in ("add_rms_norm", "rotary", "silu_and_mul")]
-    for name in ("paged_decode_attention", "paged_prefill_attention"):
+    for name in ("paged_decode_attention", "paged_prefill_attention", "paged_attention"):
         if hasattr(ops, name):
             targets.append((ops, name, "attention kernel"))
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in targets]

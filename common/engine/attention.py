@@ -7,14 +7,15 @@ positions start at `num_cached` (the tokens already in the KV cache). Decode seg
     rows:  | d0 | d1 | ... | d(n-1) | chunk of seq A ......... | chunk of seq B .... |
            '----- decode tokens ----'------------- prefill chunks -----------------'
 
-Each layer first writes the new keys/values into their slots, then attends:
+Each layer first writes the new keys/values into their slots, then attends. Where the ops have
+the one-call kernel (bfloat16 on AVX512-BF16 CPUs, `paged_attention`), every sequence of the
+batch, decodes and chunks, goes through it in one call per layer, row i of a chunk seeing the
+first num_cached + i + 1 tokens. Elsewhere:
 - one-token segments (decodes) as one batched call: every sequence's blocks are gathered into a
-  padded
-  [B, L] view and masked past its length; grouped-query heads are folded into the query axis so
-  no key/value is repeated;
-- each prefill chunk on its own, causally and aligned to the end of its context: with torch's
-  SDPA, or, where the ops say the paged kernel is faster (bfloat16 with AVX512-BF16), as that
-  kernel's batch of one-query rows, row i seeing the first num_cached + i + 1 tokens.
+  padded [B, L] view and masked past its length (or read in place by the decode kernel);
+  grouped-query heads are folded into the query axis so no key/value is repeated;
+- each prefill chunk on its own, causally and aligned to the end of its context, with torch's
+  SDPA.
 
 `TorchAttention` runs on any device; `common.engine.attention_flash` replaces it on CUDA.
 """
@@ -67,6 +68,12 @@ class TorchAttention:
         block_size = layout.block_size
         self.slots = torch.tensor(slot_mapping(segments, block_size), dtype=torch.long,
                                   device=device)
+        # Padding rows attend to nothing: their output is zero (and never read).
+        self.padding = [s for s in segments if not s.store]
+        self.varlen = ops.has_varlen_kernel(DTYPE_BY_NAME[layout.dtype], layout.head_dim)
+        if self.varlen:
+            self.seq_meta, self.block_ids = varlen_index(segments, block_size, device)
+            return
         # Prefill chunks through the paged kernel too, where it is the faster path (ops decide).
         self.paged_prefill = ops.has_prefill_kernel(DTYPE_BY_NAME[layout.dtype],
                                                     layout.head_dim)
@@ -77,8 +84,6 @@ class TorchAttention:
             self._build_decode(decodes, block_size, device)
         self.prefills = [self._build_prefill(s, block_size, device)
                          for s in segments[self.num_decode:] if s.store]
-        # Padding rows attend to nothing: their output is zero (and never read).
-        self.padding = [s for s in segments[self.num_decode:] if not s.store]
 
     def _build_decode(self, decodes: list[Segment], block_size: int, device) -> None:
         max_blocks = max(-(-s.num_context // block_size) for s in decodes)
@@ -115,6 +120,8 @@ class TorchAttention:
         k_cache, v_cache = self.kv_cache.layer(layer_idx)  # [num_blocks, block_size, KVH, D]
         num_stored = self.slots.shape[0]  # stored rows come first; padding rows last
         self.ops.store_kv(k_cache, v_cache, self.slots, k[:num_stored], v[:num_stored])
+        if self.varlen:
+            return self._varlen(q, k_cache, v_cache, scale)
         if self.num_decode == q.shape[0]:  # decodes only: the kernel's output is the result
             return self._decode(q, k_cache, v_cache, scale)
         out = torch.empty_like(q)
@@ -130,6 +137,15 @@ class TorchAttention:
                 continue
             out[rows] = self._prefill(q[rows], k[rows], v[rows], k_cache, v_cache, blocks, mask,
                                       seg.num_context, scale)
+        return out
+
+    def _varlen(self, q, k_cache, v_cache, scale):
+        out = torch.empty_like(q)
+        for seg in self.padding:
+            out[seg.start: seg.start + seg.num_tokens] = 0
+        if self.seq_meta.shape[0]:
+            self.ops.paged_attention(out, q, k_cache, v_cache, self.seq_meta, self.block_ids,
+                                     scale)
         return out
 
     def _gather(self, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -166,6 +182,21 @@ class TorchAttention:
             values.transpose(0, 1).unsqueeze(0), attn_mask=mask, is_causal=causal, scale=scale,
             enable_gqa=q.shape[1] != k.shape[1])
         return out.squeeze(0).transpose(0, 1)
+
+
+def varlen_index(segments: list[Segment], block_size: int, device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the one-call kernel reads: int64 [S, 4] rows (first query row, query tokens, cached
+    tokens, offset of its block ids) for the stored segments, and their block ids end to end."""
+    meta: list[int] = []
+    block_ids: list[int] = []
+    for seg in segments:
+        if not seg.store:
+            continue
+        meta += [seg.start, seg.num_tokens, seg.num_cached, len(block_ids)]
+        block_ids += seg.block_ids[:-(-seg.num_context // block_size)]
+    as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)
+    return as_long(meta).view(-1, 4), as_long(block_ids)
 
 
 def _leading_single_token(segments: list[Segment]) -> list[Segment]:

@@ -21,6 +21,10 @@ class TorchOps:
         """Whether prefill chunks should attend through `paged_prefill_attention`."""
         return False
 
+    def has_varlen_kernel(self, dtype: torch.dtype, head_dim: int) -> bool:
+        """Whether a whole forward attends through `paged_attention`, one call per layer."""
+        return False
+
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, norm
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); with no residual yet, (norm(x), x)."""
@@ -57,6 +61,10 @@ class KernelOps(TorchOps):
         # generic kernel does not.
         return dtype == torch.bfloat16 and head_dim in self.bf16_head_dims
 
+    def has_varlen_kernel(self, dtype, head_dim):
+        # The same kernels as the prefill path, scheduled over the whole batch at once.
+        return self.has_prefill_kernel(dtype, head_dim)
+
     def add_rms_norm(self, x, residual, norm):
         if residual is None:
             out = torch.empty_like(x)
@@ -86,6 +94,13 @@ class KernelOps(TorchOps):
         scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
         self.k.paged_decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale)
         return out
+
+    def paged_attention(self, out, q, k_cache, v_cache, seq_meta, block_ids,
+                        scale: float | None) -> None:
+        """Writes into `out` the attention of every sequence of a forward (see
+        `common.engine.attention.varlen_index` for seq_meta and block_ids)."""
+        scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        self.k.paged_attention(out, q, k_cache, v_cache, seq_meta, block_ids, scale)
 
     def paged_prefill_attention(self, out, q, k_cache, v_cache, block_table, num_cached: int,
                                 scale: float | None) -> None:

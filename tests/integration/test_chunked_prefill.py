@@ -176,3 +176,42 @@ def test_paged_prefill_attention_matches_torch_attention(default_model, monkeypa
         runner.close()
     torch.testing.assert_close(paged, torch_path, **TOLERANCE["bfloat16"])
     assert paged.argmax() == torch_path.argmax()
+
+
+def test_one_call_attention_matches_torch_attention_on_a_mixed_batch(default_model,
+                                                                     monkeypatch):
+    """Decodes and chunks of several sequences in one forward through the one-call kernel
+    (bfloat16 on AVX512-BF16) give torch attention's logits (default model)."""
+    config = EngineConfig(model=ModelConfig(path=str(default_model.hf_dir), dtype="bfloat16"),
+                          cache=CacheConfig(num_blocks=128, block_size=16))
+    runner = ModelRunner(config)
+    try:
+        ops_type = type(runner.model.ops)
+        if not runner.model.ops.has_varlen_kernel(torch.bfloat16, runner.kv_layout.head_dim):
+            pytest.skip("this CPU has no AVX512-BF16: attention runs per segment")
+        kv = KVCacheManager(runner.kv_layout.num_blocks, runner.kv_layout.block_size)
+
+        def mixed_step(tag):
+            chunks = []
+            for i, (cached, tokens) in enumerate([(40, 1), (17, 1), (0, 30), (33, 20), (5, 1)]):
+                seq_id = f"{tag}-{i}"
+                prompt = _prompt(cached + tokens, seed=i)
+                table = kv.grow(seq_id, cached + tokens)
+                if cached:
+                    runner.execute(BatchPlan([ScheduledChunk(seq_id, prompt[:cached], 0, table)]))
+                chunks.append(ScheduledChunk(seq_id, prompt[cached:], cached, table, GREEDY, 1))
+            out = runner.execute(BatchPlan(chunks, return_logits=True))
+            return torch.stack([out.logits[c.seq_id] for c in chunks])
+
+        one_call = mixed_step("varlen")
+        monkeypatch.setattr(ops_type, "has_varlen_kernel", lambda self, dtype, head_dim: False)
+        monkeypatch.setattr(ops_type, "has_prefill_kernel", lambda self, dtype, head_dim: False)
+        per_segment = mixed_step("torch")
+    finally:
+        runner.close()
+    # bfloat16 sums in another order: logits (up to 30, bfloat16 steps of 0.125 there) move by
+    # up to 0.5, the next-token distributions hardly; a wrong mask or block changes those.
+    torch.testing.assert_close(one_call, per_segment, atol=0.6, rtol=0.05)
+    probs, reference = one_call.float().softmax(-1), per_segment.float().softmax(-1)
+    assert (probs - reference).abs().max() < 0.02
+    assert (one_call.argmax(-1) == per_segment.argmax(-1)).all()

@@ -137,6 +137,56 @@ def test_paged_prefill_attention(kernel_ops, dtype, tokens, cached, kv_heads, he
     assert not wide[:2].any() and not wide[2 + tokens:].any()
 
 
+@pytest.mark.parametrize("tiles", [True, False])
+@pytest.mark.parametrize("kv_heads,heads,dim,block_size",
+                         [(3, 9, 64, 16), (2, 8, 128, 16), (4, 4, 64, 32), (1, 7, 64, 8)])
+def test_paged_attention_mixed_batch(kernel_ops, tiles, kv_heads, heads, dim, block_size):
+    """One call for a forward's decodes and prefill chunks of several sequences: every row
+    equals its own reference attention (AMX tiles, where the CPU has them, and VDPBF16PS);
+    NaN in every cache slot outside the contexts; out a row range of a bigger tensor."""
+    if not kernel_ops.has_varlen_kernel(torch.bfloat16, dim):
+        pytest.skip("no AVX512-BF16 on this CPU: the one-call kernel is not built")
+    gen = torch.Generator().manual_seed(dim + block_size)
+    num_blocks = 96
+    shape = (num_blocks, block_size, kv_heads, dim)
+    k_cache = torch.full(shape, float("nan")).bfloat16()
+    v_cache = torch.full(shape, float("nan")).bfloat16()
+    specs = [(1, 37), (1, 0), (17, 0), (40, 33), (1, 100), (3, 0), (64, 64), (16, 15)]
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    meta, block_ids, tables, lengths, row = [], [], [], [], 0
+    for tokens, cached in specs:
+        table = [perm.pop() for _ in range(-(-(cached + tokens) // block_size))]
+        flat = (torch.tensor(table)[:, None] * block_size + torch.arange(block_size)).flatten()
+        for cache in (k_cache, v_cache):
+            cache.view(-1, kv_heads, dim)[flat[:cached + tokens]] = torch.randn(
+                cached + tokens, kv_heads, dim, generator=gen).bfloat16()
+        meta.append([row, tokens, cached, len(block_ids)])
+        block_ids += table
+        tables += [table] * tokens
+        lengths += list(range(cached + 1, cached + tokens + 1))
+        row += tokens
+    q = torch.randn(row, heads, dim, generator=gen).bfloat16()
+    wide = torch.zeros(row + 3, heads, dim, dtype=torch.bfloat16)
+    kernel_ops.k.paged_attention(wide[2: 2 + row], q, k_cache, v_cache, torch.tensor(meta),
+                                 torch.tensor(block_ids), 0.125, tiles=tiles)
+    ref = _reference_decode(q, k_cache, v_cache, tables, lengths, 0.125)
+    torch.testing.assert_close(wide[2: 2 + row], ref, **TOL[torch.bfloat16])
+    assert not wide[:2].any() and not wide[2 + row:].any()
+
+
+def test_paged_attention_refuses_bad_indices(kernel_ops):
+    if not kernel_ops.has_varlen_kernel(torch.bfloat16, 64):
+        pytest.skip("no AVX512-BF16 on this CPU: the one-call kernel is not built")
+    cache = torch.zeros(4, 16, 1, 64).bfloat16()
+    q, out = torch.zeros(5, 2, 64).bfloat16(), torch.zeros(5, 2, 64).bfloat16()
+    cases = [([[0, 6, 0, 0]], [0], "outside q"), ([[0, 5, 20, 0]], [0], "fewer blocks"),
+             ([[0, 5, 0, 0]], [9], "outside the cache")]
+    for meta, ids, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            kernel_ops.k.paged_attention(out, q, cache, cache, torch.tensor(meta),
+                                         torch.tensor(ids), 0.125)
+
+
 SKINNY_TOL = {torch.float32: dict(atol=1e-4, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=1e-2)}
 
 
@@ -182,8 +232,10 @@ def test_amx_tile_linear_equals_f_linear(kernel_ops, rows):
     assert layer.skinny_max_rows == AMX_TILE_MAX_ROWS
     for x in (torch.randn(rows, 96, generator=gen).bfloat16(),
               torch.randn(rows, 192, generator=gen).bfloat16()[:, 96:]):  # strided rows
-        expected = F.linear(x.float(), weight.float(), bias.float()).bfloat16()
-        torch.testing.assert_close(layer(x), expected, **SKINNY_TOL[torch.bfloat16])
+        exact = F.linear(x.float(), weight.float(), bias.float())
+        torch.testing.assert_close(layer(x), exact.bfloat16(), **SKINNY_TOL[torch.bfloat16])
+        # float32 out (the logits): the sums unrounded
+        torch.testing.assert_close(layer.forward_float32(x), exact, atol=1e-3, rtol=1e-4)
 
 
 def test_bfloat16_skinny_kernel_skips_odd_input_widths(kernel_ops):

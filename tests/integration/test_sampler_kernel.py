@@ -51,6 +51,10 @@ def test_greedy_rows_take_the_first_maximum(kernels):
     wide = torch.randn(3, 49152)
     assert Sampler(CPU, kernels=kernels)(wide, [greedy[0]] * 3, [0] * 3) == \
         wide.argmax(-1).tolist()
+    tied = torch.zeros(2, 100)
+    tied[0, [17, 40, 99]] = 5.0  # ties in different vector lanes and in the tail
+    tied[1, [98, 99]] = 5.0
+    assert Sampler(CPU, kernels=kernels)(tied, [greedy[0]] * 2, [0] * 2) == [17, 98]
 
 
 def test_masked_logits_are_never_drawn(kernels):

@@ -79,9 +79,11 @@ at::Tensor pack(const at::Tensor& weight) {
   return packed;
 }
 
-// Rounds float32 sums [rows, 32] (+ bias) into out rows of bfloat16, `cols` valid columns.
+// Writes float32 sums [rows, 32] (+ bias) into out rows of bfloat16 (rounded once) or float32
+// (the logits, which the sampler reads in float32), `cols` valid columns.
+template <typename Out>
 inline void write_rows(const float* sums, int64_t rows, const at::BFloat16* bias, int64_t cols,
-                       at::BFloat16* out, int64_t out_stride) {
+                       Out* out, int64_t out_stride) {
   const __mmask16 lo = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
   const __mmask16 hi = cols >= 32 ? 0xFFFF
                        : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
@@ -95,8 +97,13 @@ inline void write_rows(const float* sums, int64_t rows, const at::BFloat16* bias
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 s0 = _mm512_add_ps(_mm512_loadu_ps(sums + r * 32), b0);
     const __m512 s1 = _mm512_add_ps(_mm512_loadu_ps(sums + r * 32 + 16), b1);
-    _mm256_mask_storeu_epi16(out + r * out_stride, lo, (__m256i)_mm512_cvtneps_pbh(s0));
-    _mm256_mask_storeu_epi16(out + r * out_stride + 16, hi, (__m256i)_mm512_cvtneps_pbh(s1));
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm512_mask_storeu_ps(out + r * out_stride, lo, s0);
+      _mm512_mask_storeu_ps(out + r * out_stride + 16, hi, s1);
+    } else {
+      _mm256_mask_storeu_epi16(out + r * out_stride, lo, (__m256i)_mm512_cvtneps_pbh(s0));
+      _mm256_mask_storeu_epi16(out + r * out_stride + 16, hi, (__m256i)_mm512_cvtneps_pbh(s1));
+    }
   }
 }
 
@@ -133,11 +140,13 @@ inline void pair_rows(const at::BFloat16* x, int64_t x_stride, int64_t rows,
   }
 }
 
-// out [M, N] = x [M, K] @ weight^T (+ bias), weight given as pack(weight); bias may be empty.
+// out [M, N] = x [M, K] @ weight^T (+ bias), weight given as pack(weight); bias may be empty;
+// out bfloat16 or float32.
 void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
             const at::Tensor& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16 &&
-              packed.scalar_type() == at::kBFloat16, "bfloat16 only");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && packed.scalar_type() == at::kBFloat16 &&
+              (out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat),
+              "bfloat16 inputs, bfloat16 or float32 out");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && out.is_contiguous(), "x rows, out contiguous");
   const int64_t m = x.size(0), k = x.size(1), n = out.size(1), steps = k / kK;
   TORCH_CHECK(bias.numel() == 0 || (bias.numel() == n && bias.is_contiguous() &&
@@ -149,7 +158,7 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
   const at::BFloat16* xp = x.data_ptr<at::BFloat16>();
   const at::BFloat16* wp = packed.data_ptr<at::BFloat16>();
   const at::BFloat16* bp = bias.numel() ? bias.data_ptr<at::BFloat16>() : nullptr;
-  at::BFloat16* op = out.data_ptr<at::BFloat16>();
+  const bool out_float = out.scalar_type() == at::kFloat;
   const int64_t x_stride = x.stride(0), pairs = (n + 2 * kN - 1) / (2 * kN);
   at::parallel_for(0, pairs, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float sums[2 * kRows * 2 * kN];
@@ -165,8 +174,12 @@ void linear(at::Tensor out, const at::Tensor& x, const at::Tensor& packed,
         }
         pair_rows(xp + r0 * x_stride, x_stride, rows, wp + p * steps * 2 * kTileElems, steps,
                   sums);
-        write_rows(sums, rows, bp ? bp + col0 : nullptr, std::min<int64_t>(2 * kN, n - col0),
-                   op + r0 * n + col0, n);
+        const at::BFloat16* b = bp ? bp + col0 : nullptr;
+        const int64_t cols = std::min<int64_t>(2 * kN, n - col0);
+        if (out_float)
+          write_rows(sums, rows, b, cols, out.data_ptr<float>() + r0 * n + col0, n);
+        else
+          write_rows(sums, rows, b, cols, out.data_ptr<at::BFloat16>() + r0 * n + col0, n);
       }
     }
     _tile_release();

@@ -16,6 +16,8 @@
 //   paged_prefill_attention  a prefill chunk of one sequence, causal over its cached context
 //                           (prefill_attention_bf16.h on AVX512-BF16, else row by row through
 //                           the decode kernel)
+//   paged_attention     a whole forward's decodes and prefill chunks in one call
+//                           (varlen_attention_bf16.h, AVX512-BF16 with AMX tiles where present)
 // bfloat16 norms and SiLU on AVX512-BF16 take elementwise_bf16.h.
 // All arithmetic is in float32; results are rounded once to the tensor's dtype.
 
@@ -211,6 +213,8 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
 #include "amx_linear_bf16.h"
+#include "amx_decode_attention.h"
+#include "varlen_attention_bf16.h"
 #include "sampling.h"
 
 void check_rows(const at::Tensor& t, const char* name) {
@@ -279,58 +283,7 @@ void store_kv(at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, at::Tens
   }
 }
 
-void paged_decode_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                            at::Tensor block_table, at::Tensor context_lens, double scale) {
-  check_rows(q, "q");
-  check_rows(out, "out");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
-  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.stride(1) == 1,
-              "block_table: int64, rows contiguous");
-  TORCH_CHECK(context_lens.scalar_type() == at::kLong && context_lens.is_contiguous(),
-              "context_lens: contiguous int64");
-  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
-#if defined(__AVX512BF16__)
-  if (q.scalar_type() == at::kBFloat16 && bf16_decode::supports(q.size(2))) {
-    bf16_decode::decode_attention(out, q, k_cache, v_cache, block_table, context_lens, scale);
-    return;
-  }
-#endif
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention",
-                                  [&] {
-                                    decode_attention_impl<scalar_t>(out, q, k_cache, v_cache,
-                                                                    block_table, context_lens,
-                                                                    scale);
-                                  });
-}
-
-// One prefill chunk of one sequence: q [tokens, heads, dim], whose row i attends to the first
-// num_cached + i + 1 tokens of the blocks in block_table (1-D int64; the chunk's own keys and
-// values already stored). With AVX512-BF16, bfloat16 and a supported head dim, the tiled kernel;
-// otherwise every row goes through paged_decode_attention with its own context length.
-void paged_prefill_attention(at::Tensor out, at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                             at::Tensor block_table, int64_t num_cached, double scale) {
-  check_rows(q, "q");
-  check_rows(out, "out");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "KV cache must be contiguous");
-  TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.dim() == 1 &&
-                  block_table.is_contiguous(), "block_table: contiguous 1-D int64");
-  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
-  TORCH_CHECK(num_cached >= 0 &&
-                  block_table.numel() * k_cache.size(1) >= num_cached + q.size(0),
-              "block_table holds fewer tokens than num_cached + the chunk");
-#if defined(__AVX512BF16__)
-  // The kernel gathers key pairs by 32-bit word offsets into the cache.
-  const bool offsets_fit = k_cache.numel() / 2 < std::numeric_limits<int32_t>::max();
-  if (q.scalar_type() == at::kBFloat16 && bf16_decode::supports(q.size(2)) && offsets_fit) {
-    bf16_prefill::prefill_attention(out, q, k_cache, v_cache, block_table, num_cached, scale);
-    return;
-  }
-#endif
-  const int64_t tokens = q.size(0);
-  const auto lens = at::arange(num_cached + 1, num_cached + tokens + 1, block_table.options());
-  paged_decode_attention(out, q, k_cache, v_cache, block_table.unsqueeze(0).expand({tokens, -1}),
-                         lens, scale);
-}
+#include "attention_entry.h"
 
 // Head dims the bfloat16 paged attention kernel handles on this build ([] without AVX512-BF16):
 // there it also beats torch's attention for prefill chunks, which the runner then routes to it.
@@ -396,4 +349,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("store_kv", &store_kv);
   m.def("paged_decode_attention", &paged_decode_attention);
   m.def("paged_prefill_attention", &paged_prefill_attention);
+  m.def("paged_attention", &paged_attention, pybind11::arg("out"), pybind11::arg("q"),
+        pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("seq_meta"),
+        pybind11::arg("block_ids"), pybind11::arg("scale"), pybind11::arg("tiles") = true);
 }

@@ -1,16 +1,19 @@
-// Paged prefill attention for bfloat16 on CPUs with AVX512-BF16 (included by cpu_ops.cpp after
-// decode_attention_bf16.h, whose exp16 and unpermute it uses).
+// The tile computation of paged prefill attention for bfloat16 on CPUs with AVX512-BF16
+// (included by cpu_ops.cpp after decode_attention_bf16.h, whose exp16 and unpermute it uses;
+// varlen_attention_bf16.h schedules it).
 //
 // Every query row of a prefill chunk reads the same context. The decode kernel, one row per
 // task, reads each key and value once per row and folds every 16 dot products horizontally.
-// This one gives a task a tile of rows (up to 16 chunk tokens x the query heads of one KV head)
-// and re-lays each 16-token block of the context once per tile:
+// Here a task takes a tile of rows (up to 16 chunk tokens x the query heads of one KV head)
+// over the context of its sequence and KV head, re-laid once per forward (relay_block):
 //   keys    transposed to (pair of dims) x 16 tokens: q.k for 16 tokens is dim / 2 VDPBF16PS of
 //           a broadcast query pair, with no horizontal sums, and SR rows share each key vector;
+//           the same layout is an AMX B tile (16 dim pairs x 16 tokens);
 //   values  two tokens interleaved word by word, as in the decode kernel: VR rows share each
-//           value vector.
-// Scores, softmax and sums are float32; probabilities are rounded to bfloat16 for VDPBF16PS and
-// the output once. Chunk row i sees the first num_cached + i + 1 context tokens (causal).
+//           value vector; 16 such pair rows are an AMX B tile of 16 (permuted) dims.
+// Scores, softmax and sums are float32; probabilities are rounded to bfloat16 for VDPBF16PS (or
+// the AMX tiles) and the output once. Chunk row i sees the first num_cached + i + 1 context
+// tokens (causal).
 #pragma once
 
 #if defined(__AVX512BF16__)
@@ -19,10 +22,10 @@ namespace bf16_prefill {
 constexpr int64_t MAX_TILE_TOKENS = 16;
 constexpr int SR = 8;  // query rows per register block of the scores pass
 
-// Per-thread scratch of one tile (all sized in elements).
+// Per-thread scratch of one tile (all sized in elements), and the tile's re-laid context.
 struct Tile {
-  std::vector<f32_bits> keys;      // [blocks][dim / 2][16]: key pairs, token-minor
-  std::vector<at::BFloat16> values;  // [blocks][8 pairs][dim]: two tokens interleaved
+  const f32_bits* keys = nullptr;      // [blocks][dim / 2][16]: key pairs, token-minor
+  const at::BFloat16* values = nullptr;  // [blocks][8 pairs][2 dim]: two tokens interleaved
   std::vector<f32_bits> query;     // [rows][dim / 2]: query pairs
   std::vector<float> scores;       // [rows][stride]
   std::vector<at::BFloat16> probs;   // [rows][stride]: softmax numerators, zero past the row
@@ -30,38 +33,31 @@ struct Tile {
   std::vector<int64_t> lens;       // context tokens each row sees
 };
 
-// Gathers the tile's context into the two layouts above (tokens past len become zeros).
+// Re-lays context block b (tokens 16 b .. 16 b + 15 of `len`) of one KV head into the two
+// layouts above, at kb ([dim / 2][16] words) and vb ([8 pairs][2 dim]); tokens past len become
+// zeros (a whole block past it too).
 template <int CH>
-void relay_context(const at::BFloat16* k_head, const at::BFloat16* v_head, const int64_t* rows,
-                   int64_t len, Tile& w) {
+void relay_block(const at::BFloat16* k_head, const at::BFloat16* v_head, const int64_t* rows,
+                 int64_t len, int64_t b, f32_bits* kb, at::BFloat16* vb) {
   constexpr int64_t dim = 16 * CH, HALF = dim / 2;
-  const int64_t blocks = (len + 15) / 16;
-  w.keys.resize(blocks * HALF * 16);
-  w.values.resize(blocks * 16 * dim);
+  const int64_t t0 = 16 * b, n = std::clamp<int64_t>(len - t0, 0, 16);
   const __m512i zero = _mm512_setzero_si512();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t t0 = 16 * b, n = std::min<int64_t>(16, len - t0);
-    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
-    // Offsets in 32-bit words of the 16 tokens' key rows (past n: token t0, masked off).
-    alignas(64) int32_t offsets[16];
-    for (int j = 0; j < 16; ++j) offsets[j] = static_cast<int32_t>(rows[t0 + (j < n ? j : 0)] / 2);
-    const __m512i base = _mm512_load_si512(offsets);
-    const auto* k_words = reinterpret_cast<const int*>(k_head);
-    f32_bits* kb = w.keys.data() + b * HALF * 16;
-    for (int64_t p = 0; p < HALF; ++p) {
-      const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(static_cast<int>(p)));
-      const __m512i pairs = _mm512_mask_i32gather_epi32(zero, valid, idx, k_words, 4);
-      _mm512_storeu_si512(kb + p * 16, pairs);
-    }
-    at::BFloat16* vb = w.values.data() + b * 16 * dim;
-    for (int j = 0; j < 16; j += 2) {
-      for (int64_t c = 0; c < CH / 2; ++c) {
-        const __m512i a = j < n ? _mm512_loadu_si512(v_head + rows[t0 + j] + 32 * c) : zero;
-        const __m512i z =
-            j + 1 < n ? _mm512_loadu_si512(v_head + rows[t0 + j + 1] + 32 * c) : zero;
-        _mm512_storeu_si512(vb + (j / 2) * 2 * dim + 64 * c, _mm512_unpacklo_epi16(a, z));
-        _mm512_storeu_si512(vb + (j / 2) * 2 * dim + 64 * c + 32, _mm512_unpackhi_epi16(a, z));
-      }
+  const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+  // Offsets in 32-bit words of the 16 tokens' key rows (past n: masked off).
+  alignas(64) int32_t offsets[16];
+  for (int j = 0; j < 16; ++j) offsets[j] = j < n ? static_cast<int32_t>(rows[t0 + j] / 2) : 0;
+  const __m512i base = _mm512_load_si512(offsets);
+  const auto* k_words = reinterpret_cast<const int*>(k_head);
+  for (int64_t p = 0; p < HALF; ++p) {
+    const __m512i idx = _mm512_add_epi32(base, _mm512_set1_epi32(static_cast<int>(p)));
+    _mm512_storeu_si512(kb + p * 16, _mm512_mask_i32gather_epi32(zero, valid, idx, k_words, 4));
+  }
+  for (int j = 0; j < 16; j += 2) {
+    for (int64_t c = 0; c < CH / 2; ++c) {
+      const __m512i a = j < n ? _mm512_loadu_si512(v_head + rows[t0 + j] + 32 * c) : zero;
+      const __m512i z = j + 1 < n ? _mm512_loadu_si512(v_head + rows[t0 + j + 1] + 32 * c) : zero;
+      _mm512_storeu_si512(vb + (j / 2) * 2 * dim + 64 * c, _mm512_unpacklo_epi16(a, z));
+      _mm512_storeu_si512(vb + (j / 2) * 2 * dim + 64 * c + 32, _mm512_unpackhi_epi16(a, z));
     }
   }
 }
@@ -79,7 +75,7 @@ void score_rows(Tile& w, int64_t r0, int64_t stride, float scale, float* peaks) 
   for (int64_t b = 0; b < blocks; ++b) {
     __m512 acc[SR];
     for (int r = 0; r < SR; ++r) acc[r] = _mm512_setzero_ps();
-    const f32_bits* kb = w.keys.data() + b * HALF * 16;
+    const f32_bits* kb = w.keys + b * HALF * 16;
     for (int64_t p = 0; p < HALF; ++p) {
       const __m512bh k = reinterpret_cast<__m512bh>(_mm512_loadu_si512(kb + p * 16));
       for (int r = 0; r < SR; ++r) {
@@ -132,7 +128,7 @@ void weigh_values(Tile& w, int64_t r0, int64_t stride) {
       for (int r = 0; r < VR; ++r)
         p[r] = reinterpret_cast<__m512bh>(
             _mm512_set1_epi32(static_cast<int>(pairs[(r0 + r) * stride / 2 + t])));
-      const at::BFloat16* vb = w.values.data() + t * 2 * dim;
+      const at::BFloat16* vb = w.values + t * 2 * dim;
       for (int c = 0; c < CH; ++c) {
         const __m512bh v = reinterpret_cast<__m512bh>(_mm512_loadu_si512(vb + 32 * c));
         for (int r = 0; r < VR; ++r) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p[r], v);
@@ -140,88 +136,6 @@ void weigh_values(Tile& w, int64_t r0, int64_t stride) {
     }
   for (int r = 0; r < VR; ++r)
     for (int c = 0; c < CH; ++c) _mm512_storeu_ps(w.acc.data() + ((r0 + r) * CH + c) * 16, acc[r][c]);
-}
-
-// One tile: chunk tokens [i0, i1) x the `group` query heads of KV head g. Rows are ordered
-// token-major, so a row block's last row sees the most context.
-template <int CH>
-void tile_task(const at::Tensor& q, at::Tensor& out, const at::BFloat16* k_head,
-               const at::BFloat16* v_head, const int64_t* rows, int64_t num_cached, int64_t i0,
-               int64_t i1, int64_t g, int64_t group, float scale, Tile& w) {
-  constexpr int64_t dim = 16 * CH, HALF = dim / 2;
-  constexpr int VR = 24 / CH;
-  constexpr int64_t PAD = SR * VR / std::gcd(SR, VR);
-  const int64_t real = (i1 - i0) * group, nrows = (real + PAD - 1) / PAD * PAD;
-  const int64_t len = num_cached + i1, stride = (len + 15) / 16 * 16;
-  relay_context<CH>(k_head, v_head, rows, len, w);
-  w.query.assign(nrows * HALF, 0);
-  w.lens.resize(nrows);
-  const auto* q_ptr = q.data_ptr<at::BFloat16>();
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t i = r < real ? i0 + r / group : i1 - 1;  // padding rows copy the last length
-    w.lens[r] = num_cached + i + 1;
-    if (r < real)
-      std::memcpy(w.query.data() + r * HALF,
-                  q_ptr + i * q.stride(0) + (g * group + r % group) * q.stride(1),
-                  dim * sizeof(at::BFloat16));
-  }
-  w.scores.resize(nrows * stride);
-  w.probs.resize(nrows * stride);
-  w.totals.resize(nrows);
-  w.acc.resize(nrows * dim);
-  w.peaks.resize(nrows);
-  for (int64_t r0 = 0; r0 < nrows; r0 += SR) score_rows<CH>(w, r0, stride, scale, &w.peaks[r0]);
-  for (int64_t r = 0; r < nrows; ++r) {
-    const int64_t width = (w.lens[(r / VR + 1) * VR - 1] + 15) / 16 * 16;  // its VR block's
-    w.totals[r] = row_probabilities(w.scores.data() + r * stride, w.peaks[r], w.lens[r], width,
-                                    w.probs.data() + r * stride);
-  }
-  for (int64_t r0 = 0; r0 < nrows; r0 += VR) weigh_values<CH, VR>(w, r0, stride);
-  auto* o_ptr = out.data_ptr<at::BFloat16>();
-  alignas(64) float row[dim];
-  for (int64_t r = 0; r < real; ++r) {
-    bf16_decode::unpermute(w.acc.data() + r * dim, dim, 1.f / w.totals[r], row);
-    store_row(o_ptr + (i0 + r / group) * out.stride(0) + (g * group + r % group) * out.stride(1),
-              row, dim);
-  }
-}
-
-// The whole chunk: q [tokens, heads, dim] against the sequence's blocks `block_table` (int64,
-// 1-D), of which the first num_cached tokens were stored before this chunk (and the chunk's own
-// keys and values after them).
-void prefill_attention(at::Tensor& out, const at::Tensor& q, const at::Tensor& k_cache,
-                       const at::Tensor& v_cache, const at::Tensor& block_table,
-                       int64_t num_cached, double scale) {
-  const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
-  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2);
-  const int64_t group = heads / kv_heads, row_stride = kv_heads * dim;
-  const int64_t len = num_cached + tokens;
-  const int64_t* table = block_table.data_ptr<int64_t>();
-  std::vector<int64_t> rows(len);  // element offset of each context token's KV row
-  for (int64_t t = 0; t < len; ++t)
-    rows[t] = (table[t / block_size] * block_size + t % block_size) * row_stride;
-  // Enough tasks for the threads to share the work, as few rows per tile as that needs.
-  const int64_t threads = at::get_num_threads();
-  const int64_t tile = std::clamp<int64_t>(tokens * kv_heads / (4 * threads), 1, MAX_TILE_TOKENS);
-  const int64_t tiles = (tokens + tile - 1) / tile;
-  const auto* k_ptr = k_cache.data_ptr<at::BFloat16>();
-  const auto* v_ptr = v_cache.data_ptr<at::BFloat16>();
-  at::parallel_for(0, tiles * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    Tile w;
-    for (int64_t task = begin; task < end; ++task) {
-      // Tiles in zig-zag order (0, n-1, 1, n-2, ...): later tiles see more context, and each
-      // thread takes a contiguous range of tasks.
-      const int64_t i = task / kv_heads, g = task % kv_heads;
-      const int64_t z = i % 2 == 0 ? i / 2 : tiles - 1 - i / 2;
-      const int64_t i0 = z * tile, i1 = std::min(tokens, i0 + tile);
-      if (dim == 64)
-        tile_task<4>(q, out, k_ptr + g * dim, v_ptr + g * dim, rows.data(), num_cached, i0, i1,
-                     g, group, static_cast<float>(scale), w);
-      else
-        tile_task<8>(q, out, k_ptr + g * dim, v_ptr + g * dim, rows.data(), num_cached, i0, i1,
-                     g, group, static_cast<float>(scale), w);
-    }
-  });
 }
 
 }  // namespace bf16_prefill

@@ -47,20 +47,48 @@ inline float row_max(const float* x, int64_t n) {
   return m;
 }
 
-// The first maximal element: block maxima in one vectorized pass, then the winning block.
+// The first maximal element, in one pass: each lane keeps its largest value and the first
+// index holding it; the lanes are reduced at the end (NaN or -inf everywhere: 0).
 inline int64_t argmax(const float* x, int64_t n) {
-  float best = -std::numeric_limits<float>::infinity();
-  int64_t best_block = 0;
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const float m = row_max(x + start, std::min(kBlock, n - start));
-    if (m > best) {
-      best = m;
-      best_block = start;
-    }
+#if defined(__AVX512F__)
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512i best_at = _mm512_setzero_si512(), at = _mm512_set_epi32(
+      15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i step = _mm512_set1_epi32(16);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16, at = _mm512_add_epi32(at, step)) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __mmask16 more = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ);
+    best = _mm512_mask_mov_ps(best, more, v);
+    best_at = _mm512_mask_mov_epi32(best_at, more, at);
   }
-  for (int64_t i = best_block; i < std::min(n, best_block + kBlock); ++i)
-    if (x[i] == best) return i;
-  return 0;  // NaN or -inf everywhere
+  alignas(64) float values[16];
+  alignas(64) int32_t index[16];
+  _mm512_store_ps(values, best);
+  _mm512_store_si512(index, best_at);
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t top_at = 0;
+  for (int l = 0; l < 16; ++l)
+    if (values[l] > top || (values[l] == top && index[l] < top_at)) {
+      top = values[l];
+      top_at = index[l];
+    }
+  for (; i < n; ++i)
+    if (x[i] > top) {
+      top = x[i];
+      top_at = i;
+    }
+  return top_at;
+#else
+  float top = -std::numeric_limits<float>::infinity();
+  int64_t top_at = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] > top) {
+      top = x[i];
+      top_at = i;
+    }
+  return top_at;
+#endif
 }
 
 // e = exp((x - mx) * inv_temp), 0 where x is -inf.

@@ -83,7 +83,7 @@ class CausalLM(nn.Module, ABC):
         """hidden: [N, hidden_size] -> logits [N, vocab_size] in float32."""
         packed = getattr(self, "packed_logits", None)
         if packed is not None:
-            return packed(hidden).float()
+            return packed.forward_float32(hidden)
         return torch.nn.functional.linear(hidden, self.output_weight()).float()
 
     @abstractmethod

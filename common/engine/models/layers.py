@@ -191,6 +191,17 @@ class PackedLinear(nn.Module):
             return self.skinny_forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
+    def forward_float32(self, x: torch.Tensor) -> torch.Tensor:
+        """The output in float32 (the logits): the AMX tile kernel writes its float32 sums
+        directly, without rounding them to bfloat16 and converting back."""
+        if (self.skinny is not None and self.skinny_weight.dim() == 5 and x.dim() == 2
+                and x.shape[0] <= self.skinny_max_rows):
+            out = x.new_empty(x.shape[0], self.out_features, dtype=torch.float32)
+            self.skinny.skinny_linear(out, x if x.stride(1) == 1 else x.contiguous(),
+                                      self.skinny_weight, self.skinny_bias)
+            return out
+        return self(x).float()
+
     def skinny_forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [rows, in] through the skinny kernel, whatever the row count."""
         out = x.new_empty(x.shape[0], self.out_features)
