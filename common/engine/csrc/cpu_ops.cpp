@@ -213,7 +213,6 @@ void silu_and_mul_impl(at::Tensor& out, const at::Tensor& x) {
 #include "skinny_linear_f32.h"
 #include "skinny_linear_bf16.h"
 #include "amx_linear_bf16.h"
-#include "amx_decode_attention.h"
 #include "varlen_attention_bf16.h"
 #include "sampling.h"
 

@@ -303,15 +303,10 @@ void run(const Batch& bt, int64_t num_seqs, bool tiles) {
   const std::vector<Task> tasks = plan_tasks(bt, num_seqs, threads);
   const int64_t count = static_cast<int64_t>(tasks.size());
   const bool amx = tiles && use_amx();
-  // AMX decodes load 16 tokens' keys as one tile: they must not straddle cache blocks.
-  const bool amx_decodes = amx && bt.block_size % 16 == 0 && bt.group <= 16;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min(threads, count), 1, [&](int64_t, int64_t) {
     bf16_prefill::Tile tile;
     bf16_decode::Scratch scratch;
-#if defined(SPLITSERVE_AMX_BF16)
-    amx_decode::Scratch amx_scratch;
-#endif
     std::vector<int64_t> own_rows;
     bool tiles_used = false;
     for (int64_t i = next++; i < count; i = next++) {
@@ -325,18 +320,6 @@ void run(const Batch& bt, int64_t num_seqs, bool tiles) {
       bt.rows(t.seq, len, own_rows);
       const at::BFloat16* q = bt.q + bt.q_start[t.seq] * bt.q_s0;
       at::BFloat16* out = bt.out + bt.q_start[t.seq] * bt.o_s0;
-#if defined(SPLITSERVE_AMX_BF16)
-      if (amx_decodes) {
-        configure_tiles(16);
-        tiles_used = true;
-        for (int64_t h = t.a; h < t.a + t.b; ++h)
-          amx_decode::head_task<CH>(q + h * bt.group * bt.q_s1, bt.q_s1, bt.k + h * bt.dim,
-                                    bt.v + h * bt.dim, own_rows.data(), len, bt.row_stride,
-                                    bt.group, bt.scale, out + h * bt.group * bt.o_s1, bt.o_s1,
-                                    amx_scratch);
-        continue;
-      }
-#endif
       bf16_decode::decode_task<CH>(q, bt.q_s1, bt.k, bt.v, own_rows.data(), len, t.a, t.b,
                                    bt.group, bt.scale, out, bt.o_s1, scratch);
     }
