@@ -94,17 +94,17 @@ void score_rows(Tile& w, int64_t r0, int64_t stride, float scale, float* peaks) 
   for (int r = 0; r < SR; ++r) peaks[r] = _mm512_reduce_max_ps(peak[r]);
 }
 
-// Softmax numerators of one row as bfloat16, zero from the row's length up to `width`; returns
-// their float32 sum.
+// Softmax numerators exp(scale * (score - peak)) of one row as bfloat16, zero from the row's
+// length up to `width`; returns their float32 sum. (Scores already scaled: scale 1.)
 inline float row_probabilities(const float* scores, float peak, int64_t len, int64_t width,
-                               at::BFloat16* probs) {
-  const __m512 peak_v = _mm512_set1_ps(peak);
+                               at::BFloat16* probs, float scale = 1.f) {
+  const __m512 scale_v = _mm512_set1_ps(scale), shift = _mm512_set1_ps(-peak * scale);
   __m512 sum = _mm512_setzero_ps();
   for (int64_t t = 0; t < width; t += 16) {
     const int64_t seen = std::clamp<int64_t>(len - t, 0, 16);
     const __mmask16 valid = static_cast<__mmask16>((1u << seen) - 1u);
     const __m512 e = _mm512_maskz_mov_ps(
-        valid, bf16_decode::exp16(_mm512_sub_ps(_mm512_loadu_ps(scores + t), peak_v)));
+        valid, bf16_decode::exp16(_mm512_fmadd_ps(_mm512_loadu_ps(scores + t), scale_v, shift)));
     sum = _mm512_add_ps(sum, e);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs + t),
                         reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));

@@ -128,15 +128,12 @@ void amx_values(bf16_prefill::Tile& w, int64_t r0, int64_t width, int64_t stride
   }
 }
 
-// Scales a row's scores and returns its largest over the first len tokens.
-inline float scale_row(float* s, int64_t len, float scale) {
+// The largest of a row's first len (unscaled) scores.
+inline float row_peak(const float* s, int64_t len) {
   __m512 peak = _mm512_set1_ps(-INFINITY);
-  const __m512 scale_v = _mm512_set1_ps(scale);
   for (int64_t t = 0; t < len; t += 16) {
     const __mmask16 valid = static_cast<__mmask16>((1u << std::min<int64_t>(16, len - t)) - 1u);
-    const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + t), scale_v);
-    _mm512_storeu_ps(s + t, x);
-    peak = _mm512_mask_max_ps(peak, valid, peak, x);
+    peak = _mm512_mask_max_ps(peak, valid, peak, _mm512_loadu_ps(s + t));
   }
   return _mm512_reduce_max_ps(peak);
 }
@@ -150,10 +147,9 @@ void amx_rows(bf16_prefill::Tile& w, int64_t nrows, int64_t stride, float scale)
     configure_tiles(static_cast<int>(nr));
     amx_scores<CH>(w, r0, width, stride);
     for (int64_t r = r0; r < r0 + nr; ++r) {
-      float* s = w.scores.data() + r * stride;
-      const float peak = scale_row(s, w.lens[r], scale);
-      w.totals[r] = bf16_prefill::row_probabilities(s, peak, w.lens[r], width,
-                                                     w.probs.data() + r * stride);
+      const float* s = w.scores.data() + r * stride;  // unscaled: scale > 0 keeps the peak
+      w.totals[r] = bf16_prefill::row_probabilities(s, row_peak(s, w.lens[r]), w.lens[r], width,
+                                                     w.probs.data() + r * stride, scale);
     }
     amx_values<CH>(w, r0, width, stride);
   }
