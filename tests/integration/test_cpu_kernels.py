@@ -40,9 +40,10 @@ def test_add_rms_norm(kernel_ops, dtype, rows, width):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rotary_in_place_on_strided_heads(kernel_ops, dtype):
-    rope = RotaryEmbedding(64, 256, 10000.0)
-    qkv = torch.randn(7, 12, 64, dtype=dtype)  # rotate the first 9 "heads" only, like q+k of qkv
+@pytest.mark.parametrize("head_dim", [64, 128, 40])  # 40: a partial vector of 16 per half
+def test_rotary_in_place_on_strided_heads(kernel_ops, dtype, head_dim):
+    rope = RotaryEmbedding(head_dim, 256, 10000.0)
+    qkv = torch.randn(7, 12, head_dim, dtype=dtype)  # rotate the first 9 "heads" only, like q+k
     positions = torch.tensor([0, 3, 9, 100, 101, 200, 255])
     ref = TorchOps().rotary(qkv[:, :9].clone(), positions, rope)
     got = kernel_ops.rotary(qkv[:, :9], positions, rope)

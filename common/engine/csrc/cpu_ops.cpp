@@ -159,6 +159,17 @@ void rotary_impl(at::Tensor& x, const at::Tensor& positions, const at::Tensor& c
   const int64_t* pos = positions.data_ptr<int64_t>();
   const float* cos_ptr = cos.data_ptr<float>();
   const float* sin_ptr = sin.data_ptr<float>();
+#if defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          bf16_rows::rotary_row(base + t * s0 + h * s1, cos_ptr + pos[t] * half,
+                                sin_ptr + pos[t] * half, half);
+    });
+    return;
+  }
+#endif
   at::parallel_for(0, tokens, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> in(dim), out(dim);
     for (int64_t t = begin; t < end; ++t) {
