@@ -65,18 +65,21 @@ class RowParams:
     @classmethod
     def build(cls, rows: list[int], params: list[SamplingParams], token_indices: list[int],
               generator: torch.Generator) -> RowParams:
-        keys = torch.tensor([token_seed(p.seed, i) if p.seed is not None else 0
-                             for p, i in zip(params, token_indices)], dtype=torch.long)
+        """Two tensor constructions for the whole step (one per dtype), split into rows."""
+        count = len(params)
+        ints = torch.tensor(rows + [p.top_k for p in params]
+                            + [token_seed(p.seed, i) if p.seed is not None else 0
+                               for p, i in zip(params, token_indices)], dtype=torch.long)
+        floats = torch.tensor([0.0 if p.is_greedy else 1.0 / p.temperature for p in params]
+                              + [p.top_p for p in params] + [p.min_p for p in params],
+                              dtype=torch.float32)
+        rows_t, top_k, keys = ints.split(count)
         unseeded = [j for j, p in enumerate(params) if p.seed is None and not p.is_greedy]
         if unseeded:
             keys[unseeded] = torch.randint(-2**63, 2**63 - 1, (len(unseeded),),
                                            dtype=torch.long, generator=generator)
-        return cls(torch.tensor(rows, dtype=torch.long),
-                   torch.tensor([0.0 if p.is_greedy else 1.0 / p.temperature for p in params],
-                                dtype=torch.float32),
-                   torch.tensor([p.top_k for p in params], dtype=torch.long),
-                   torch.tensor([p.top_p for p in params], dtype=torch.float32),
-                   torch.tensor([p.min_p for p in params], dtype=torch.float32), keys)
+        inv_temp, top_p, min_p = floats.split(count)
+        return cls(rows_t, inv_temp, top_k, top_p, min_p, keys)
 
     def uniforms(self) -> torch.Tensor:
         """float64 [R]: each row's first uniform."""
