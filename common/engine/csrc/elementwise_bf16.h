@@ -9,27 +9,10 @@
 // before the weight multiply (transformers' casts), SiLU x up once at the end.
 #pragma once
 
-#if defined(__AVX512BF16__)
-
+#if defined(__AVX512F__)
 namespace bf16_rows {
-
 inline __mmask16 tail_mask(int64_t n, int64_t i) {
   return n - i >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (n - i)) - 1u);
-}
-
-inline __m512 load16(const at::BFloat16* p, __mmask16 m) {
-  const __m256i raw = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-inline __m256i to_bf16(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
-
-inline void store16(at::BFloat16* p, __m512 v, __mmask16 m) {
-  _mm256_mask_storeu_epi16(p, m, to_bf16(v));
-}
-
-inline __m512 round16(__m512 v) {  // to bfloat16 and back
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
 }
 
 // fast_exp (cpu_ops.cpp) on 16 lanes: the same range reduction and polynomial, with the power of
@@ -48,6 +31,28 @@ inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   const __m512 y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
   return _mm512_scalef_ps(y, k);
+}
+
+}  // namespace bf16_rows
+#endif  // __AVX512F__
+
+#if defined(__AVX512BF16__)
+
+namespace bf16_rows {
+
+inline __m512 load16(const at::BFloat16* p, __mmask16 m) {
+  const __m256i raw = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __m256i to_bf16(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
+
+inline void store16(at::BFloat16* p, __m512 v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(p, m, to_bf16(v));
+}
+
+inline __m512 round16(__m512 v) {  // to bfloat16 and back
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
 }
 
 // out = round(round(h) / rms(h)) * w, h = round(x + residual) (then stored in residual) or x.

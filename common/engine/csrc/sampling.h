@@ -91,20 +91,86 @@ inline int64_t argmax(const float* x, int64_t n) {
 #endif
 }
 
-// e = exp((x - mx) * inv_temp), 0 where x is -inf.
-inline void exponentiate(const float* x, int64_t n, float mx, float inv_temp, float* e) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) e[i] = x[i] == neg_inf ? 0.f : fast_exp((x[i] - mx) * inv_temp);
+#if defined(__AVX512F__)
+inline double reduce_pd(__m512d a, __m512d b) { return _mm512_reduce_add_pd(_mm512_add_pd(a, b)); }
+
+// a += the low 8 lanes of v, b += the high 8, in float64.
+inline void add_pd(__m512 v, __m512d& a, __m512d& b) {
+  a = _mm512_add_pd(a, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+  b = _mm512_add_pd(b, _mm512_cvtps_pd(_mm256_castpd_ps(
+                           _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+// e = exp((x - mx) * inv_temp), 0 where x is -inf; returns the sum of e.
+inline double exponentiate(const float* x, int64_t n, float mx, float inv_temp, float* e) {
+  const __m512 scale = _mm512_set1_ps(inv_temp), shift = _mm512_set1_ps(-mx * inv_temp);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = bf16_rows::tail_mask(n, i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    const __mmask16 finite = _mm512_mask_cmp_ps_mask(m, v, neg_inf, _CMP_NEQ_OQ);
+    const __m512 ex =
+        _mm512_maskz_mov_ps(finite, bf16_rows::exp16(_mm512_fmadd_ps(v, scale, shift)));
+    _mm512_mask_storeu_ps(e + i, m, ex);
+    add_pd(ex, a, b);
+  }
+  return reduce_pd(a, b);
 }
 
 // Mass of the values > above and >= cut.
+inline double mass(const float* e, int64_t n, float cut, float above) {
+  const __m512 cut_v = _mm512_set1_ps(cut), above_v = _mm512_set1_ps(above);
+  __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = bf16_rows::tail_mask(n, i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, e + i);
+    const __mmask16 keep = _mm512_mask_cmp_ps_mask(
+        _mm512_cmp_ps_mask(v, cut_v, _CMP_GE_OQ), v, above_v, _CMP_GT_OQ);
+    add_pd(_mm512_maskz_mov_ps(keep, v), a, b);
+  }
+  return reduce_pd(a, b);
+}
+
+// Sum of the values >= cut and > above among [start, stop), stop - start <= kBlock.
+inline float block_mass(const float* e, int64_t start, int64_t stop, float cut, float above) {
+  const __m512 cut_v = _mm512_set1_ps(cut), above_v = _mm512_set1_ps(above);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = start; i < stop; i += 16) {
+    const __mmask16 m = bf16_rows::tail_mask(stop, i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, e + i);
+    const __mmask16 keep = _mm512_mask_cmp_ps_mask(
+        _mm512_cmp_ps_mask(v, cut_v, _CMP_GE_OQ), v, above_v, _CMP_GT_OQ);
+    sum = _mm512_mask_add_ps(sum, keep, sum, v);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+#else
+inline double exponentiate(const float* x, int64_t n, float mx, float inv_temp, float* e) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  double total = 0.0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) {
+    e[i] = x[i] == neg_inf ? 0.f : fast_exp((x[i] - mx) * inv_temp);
+    total += e[i];
+  }
+  return total;
+}
+
 inline double mass(const float* e, int64_t n, float cut, float above) {
   double total = 0.0;
 #pragma omp simd reduction(+ : total)
   for (int64_t i = 0; i < n; ++i) total += (e[i] >= cut && e[i] > above) ? e[i] : 0.f;
   return total;
 }
+
+inline float block_mass(const float* e, int64_t start, int64_t stop, float cut, float above) {
+  float block = 0.f;
+#pragma omp simd reduction(+ : block)
+  for (int64_t i = start; i < stop; ++i) block += (e[i] >= cut && e[i] > above) ? e[i] : 0.f;
+  return block;
+}
+#endif
 
 // The k-th largest e (0 < k < n), selecting among the values at or above the highest level
 // that holds k of them.
@@ -132,9 +198,7 @@ inline int64_t draw(const float* e, int64_t n, float cut, float above, double to
   double acc = 0.0;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int64_t stop = std::min(n, start + kBlock);
-    float block = 0.f;
-#pragma omp simd reduction(+ : block)
-    for (int64_t i = start; i < stop; ++i) block += (e[i] >= cut && e[i] > above) ? e[i] : 0.f;
+    const float block = block_mass(e, start, stop, cut, above);
     if (acc + block <= goal) {
       acc += block;
       continue;
@@ -173,10 +237,10 @@ inline int64_t sample_row(const float* x, int64_t n, float inv_temp, int64_t top
   if (!(mx > -std::numeric_limits<float>::infinity())) return 0;  // nothing finite to draw
   s.e.resize(n);
   float* e = s.e.data();
-  exponentiate(x, n, mx, inv_temp, e);
+  const double total = exponentiate(x, n, mx, inv_temp, e);
   float cut = min_p;
   if (top_k > 0 && top_k < n) cut = std::max(cut, kth_largest(e, n, top_k, s.values));
-  const double survivors = mass(e, n, cut, -1.f);
+  const double survivors = cut > 0.f ? mass(e, n, cut, -1.f) : total;
   if (top_p >= 1.f) return draw(e, n, cut, -1.f, survivors, uniform(key, 0));
   const double target = static_cast<double>(top_p) * survivors;
   float pivot = -1.f;
