@@ -41,10 +41,19 @@ inline double uniform(uint64_t key, int round) {
 }
 
 inline float row_max(const float* x, int64_t n) {
+#if defined(__AVX512F__)  // gcc left the generic loop scalar where it was inlined
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 keep = bf16_rows::tail_mask(n, i);
+    m = _mm512_mask_max_ps(m, keep, m, _mm512_maskz_loadu_ps(keep, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
   float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
   return m;
+#endif
 }
 
 // The first maximal element, in one pass: each lane keeps its largest value and the first
@@ -101,17 +110,33 @@ inline void add_pd(__m512 v, __m512d& a, __m512d& b) {
                            _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
 }
 
+// 2^x for x <= 0 on 16 lanes: 2^round(x) by VSCALEFPS times 2^f, f in [-1/2, 1/2], by its
+// degree-6 Taylor polynomial (relative error about 1.2e-7, float32's own). Fewer operations
+// than exp16's clamps and two-step range reduction: the exp pass is most of a sampled row.
+inline __m512 exp2_16(__m512 x) {
+  const __m512 k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, k);
+  __m512 p = _mm512_set1_ps(1.5403530393e-4f);           // ln2^6 / 6!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146e-3f));  // ln2^5 / 5!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076e-3f));  // ln2^4 / 4!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108665e-2f));  // ln2^3 / 3!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));  // ln2^2 / 2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));  // ln2
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f)), k);
+}
+
 // e = exp((x - mx) * inv_temp), 0 where x is -inf; returns the sum of e.
 inline double exponentiate(const float* x, int64_t n, float mx, float inv_temp, float* e) {
-  const __m512 scale = _mm512_set1_ps(inv_temp), shift = _mm512_set1_ps(-mx * inv_temp);
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 scale = _mm512_set1_ps(inv_temp * kLog2e);
+  const __m512 shift = _mm512_set1_ps(-mx * inv_temp * kLog2e);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = bf16_rows::tail_mask(n, i);
     const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
     const __mmask16 finite = _mm512_mask_cmp_ps_mask(m, v, neg_inf, _CMP_NEQ_OQ);
-    const __m512 ex =
-        _mm512_maskz_mov_ps(finite, bf16_rows::exp16(_mm512_fmadd_ps(v, scale, shift)));
+    const __m512 ex = _mm512_maskz_mov_ps(finite, exp2_16(_mm512_fmadd_ps(v, scale, shift)));
     _mm512_mask_storeu_ps(e + i, m, ex);
     add_pd(ex, a, b);
   }
