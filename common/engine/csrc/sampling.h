@@ -4,9 +4,9 @@
 //   greedy rows   (inv_temp 0) the first maximal logit;
 //   exponentiate  e_i = exp((x_i - max) / T), 0 for -inf logits; max e is 1, so min-p is the
 //                 plain threshold e >= min_p;
-//   top-k         the k-th largest e, by nth_element over the candidates at or above the
-//                 highest of a few fixed levels that still holds k tokens (a peaked row keeps a
-//                 few dozen of 49 K; a flat one all of them); tokens tied at the cut all stay;
+//   top-k         the k-th largest e, by nth_element over the candidates at or above a level
+//                 that holds k to about 4k tokens, bisected on e's bit pattern; tokens tied at
+//                 the cut all stay;
 //   draw          inverse CDF in vocabulary order over the kept tokens: the first whose running
 //                 mass exceeds u times the kept mass;
 //   top-p         by rejection, without sorting or selecting (as FlashInfer samples): draw from
@@ -23,8 +23,6 @@
 
 namespace sampling {
 
-constexpr int kLevels = 4;
-constexpr float kLevelValues[kLevels] = {0x1p-3f, 0x1p-7f, 0x1p-12f, 0x1p-20f};
 constexpr int64_t kBlock = 64;  // the draw's running sum advances a block at a time
 constexpr int kMaxDraws = 64;   // top-p rejection rounds before taking the pivot's cut exactly
 
@@ -197,20 +195,67 @@ inline float block_mass(const float* e, int64_t start, int64_t stop, float cut, 
 }
 #endif
 
-// The k-th largest e (0 < k < n), selecting among the values at or above the highest level
-// that holds k of them.
-inline float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& values) {
-  float lower = 0.f;
-  for (int l = 0; l < kLevels && lower == 0.f; ++l) {
-    int64_t count = 0;
-    const float level = kLevelValues[l];
-#pragma omp simd reduction(+ : count)
-    for (int64_t i = 0; i < n; ++i) count += e[i] >= level;
-    if (count >= k) lower = level;
+#if defined(__AVX512F__)
+inline int64_t count_at_least(const float* e, int64_t n, float level) {
+  const __m512 level_v = _mm512_set1_ps(level);
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = bf16_rows::tail_mask(n, i);
+    count += __builtin_popcount(
+        _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, e + i), level_v, _CMP_GE_OQ));
   }
+  return count;
+}
+
+// The values >= lower, packed (compressed in registers: a compress straight to memory is
+// microcoded and slow on Zen 4).
+inline void at_least(const float* e, int64_t n, float lower, std::vector<float>& values) {
+  values.resize(n + 16);
+  const __m512 lower_v = _mm512_set1_ps(lower);
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = bf16_rows::tail_mask(n, i);
+    const __m512 v = _mm512_maskz_loadu_ps(m, e + i);
+    const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, v, lower_v, _CMP_GE_OQ);
+    _mm512_storeu_ps(values.data() + count, _mm512_maskz_compress_ps(keep, v));
+    count += __builtin_popcount(keep);
+  }
+  values.resize(count);
+}
+#else
+inline int64_t count_at_least(const float* e, int64_t n, float level) {
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) count += e[i] >= level;
+  return count;
+}
+
+inline void at_least(const float* e, int64_t n, float lower, std::vector<float>& values) {
   values.clear();
   for (int64_t i = 0; i < n; ++i)
     if (e[i] >= lower) values.push_back(e[i]);
+}
+#endif
+
+// The k-th largest e (0 < k < n), selecting among the values at or above a level that holds
+// k to about 4k of them. The level is bisected on the bit pattern of e in [0, 1] (ordered like
+// the values, and geometric, so peaked rows find their level as fast as flat ones).
+inline float kth_largest(const float* e, int64_t n, int64_t k, std::vector<float>& values) {
+  uint32_t lo = 0, hi = 0x3F800000u;  // bits of 0 (holds all n >= k) and of 1.0 (the max)
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    float level;
+    std::memcpy(&level, &mid, sizeof(level));
+    const int64_t count = count_at_least(e, n, level);
+    if (count < k) {
+      hi = mid;
+      continue;
+    }
+    lo = mid;
+    if (count <= 4 * k + 64) break;
+  }
+  float lower;
+  std::memcpy(&lower, &lo, sizeof(lower));
+  at_least(e, n, lower, values);
   std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<float>());
   return values[k - 1];
 }
