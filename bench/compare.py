@@ -46,6 +46,9 @@ class CompareOptions:
     heavy_prompt_tokens: int = 512  # class workloads: a prompt longer than this is heavy (HP)
     heavy_output_tokens: int = 128  # ... an output longer than this is heavy (HD)
     seeds: tuple[int, ...] = (0, 1, 2)
+    # Sampling of every request: greedy by default; most users sample (0.7 / 0.95).
+    temperature: float = 0.0
+    top_p: float | None = None
     layout: str = "equal"
     extra_args: tuple[str, ...] = ()  # flags for every `splitserve up`
     out: str = "results/compare"
@@ -108,8 +111,9 @@ def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
     return sample_workload(tokenizer, options.workload, options.num_requests, seed, limits), True
 
 
-async def _warm_up(url: str, model: str, requests: list) -> None:
-    await run_load(url, model, requests[:2], [0.0, 0.0], progress=False)
+async def _warm_up(url: str, model: str, requests: list, options: CompareOptions) -> None:
+    await run_load(url, model, requests[:2], [0.0, 0.0], progress=False,
+                   temperature=options.temperature, top_p=options.top_p)
 
 
 def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
@@ -117,7 +121,8 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
     before = cluster.cluster() if cluster else None
     arrivals = poisson_arrivals(len(requests), options.rate, seed)
     records = asyncio.run(run_load(url, model, requests, arrivals, ignore_eos=ignore_eos,
-                                   progress=False))
+                                   progress=False, temperature=options.temperature,
+                                   top_p=options.top_p))
     summary = summarize(records, run_duration(records))
     per_token = [r.jct / r.output_tokens for r in records
                  if r.error is None and r.jct and r.output_tokens]
@@ -152,7 +157,7 @@ def run_system(name: str, options: CompareOptions) -> list[dict]:
         runs = []
         for seed in options.seeds:
             requests, ignore_eos = workload(options, seed)
-            asyncio.run(_warm_up(server.url, model, requests))
+            asyncio.run(_warm_up(server.url, model, requests, options))
             runs.append({"seed": seed, **_one_run(server.url, model, requests, ignore_eos,
                                                   seed, options, cluster)})
             print(f"{name} seed {seed}: {_line(runs[-1])}", flush=True)
@@ -268,6 +273,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="class workloads: outputs longer than this are heavy (HD); "
                              "must be below --max-tokens")
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request's temperature (0: greedy)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="every request's top_p (default: the server's)")
     parser.add_argument("--layout", default="equal", choices=["equal", "replicas", "paper"])
     parser.add_argument("--out", default="results/compare")
     args, up_args = parser.parse_known_args(argv)
@@ -278,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
         heavy_prompt_tokens=args.heavy_prompt_tokens,
         heavy_output_tokens=args.heavy_output_tokens,
         seeds=tuple(int(s) for s in args.seeds.split(",")), layout=args.layout,
+        temperature=args.temperature, top_p=args.top_p,
         extra_args=tuple(a for a in up_args if a != "--"), out=args.out))
 
 

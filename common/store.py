@@ -50,6 +50,10 @@ class Subscription(ABC):
 
 
 class ControlStore(ABC):
+    # False where every call returns at once (no I/O): callers may then call it from an event
+    # loop directly instead of handing it to a thread.
+    may_block = True
+
     # -- instance registry -----------------------------------------------------------------------
     @abstractmethod
     def put_instance(self, stats: InstanceStats, ttl_s: float) -> None:
@@ -127,6 +131,8 @@ class _QueueSubscription(Subscription):
 
 class InProcessStore(ControlStore):
     """Thread-safe dictionaries with the Redis implementation's semantics."""
+
+    may_block = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -156,9 +156,9 @@ class Api:
                 if event.error:
                     yield _sse(error_body(event.error, "server_error", None, 500))
                     break
-                running = usage(event.num_prompt_tokens, event.num_output_tokens)
-                yield _sse(builder.chunk(event.text, event.finish_reason,
-                                         running if continuous else None))
+                running = (usage(event.num_prompt_tokens, event.num_output_tokens)
+                           if continuous else None)
+                yield _sse(builder.chunk_json(event.text, event.finish_reason, running))
             if include_usage and last is not None and not last.error:
                 yield _sse(builder.usage_chunk(usage(last.num_prompt_tokens,
                                                      last.num_output_tokens)))
@@ -253,7 +253,9 @@ def _add_error_handlers(app: FastAPI, gateway: Gateway) -> None:
 
 
 def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
-    def admin(request: Request) -> None:
+    async def admin(request: Request) -> None:
+        # async: FastAPI runs a plain `def` dependency on a worker thread, a thread hop (and GIL
+        # hand-off) per request for a check that never blocks.
         gateway.admission.authenticate(request.headers.get("authorization"))
 
     @app.post("/v1/completions", dependencies=[Depends(admin)])  # 401 before body errors

@@ -219,7 +219,7 @@ BENCH_EXPERIMENTS = {
     "transfer-throughput": "bench.transfer_throughput",
     "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
     "interference": "bench.interference",
-    "overload": "bench.overload",
+    "overload": "bench.overload", "stack-ceiling": "bench.stack_ceiling",
 }
 
 

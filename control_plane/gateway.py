@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -66,6 +67,45 @@ class StreamEvent:
     num_output_tokens: int = 0
 
 
+class UpdateQueue:
+    """One request's token updates, in order, for the one coroutine that streams them.
+
+    `get(timeout_s)` waits with one future and one timer: asyncio.wait_for would wrap every wait
+    in a new task, and the gateway waits once per generated token of every stream."""
+
+    def __init__(self) -> None:
+        self._items: deque[TokenUpdate] = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, update: TokenUpdate) -> None:
+        self._items.append(update)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    async def get(self, timeout_s: float) -> TokenUpdate | None:
+        """The next update; None if none arrives within `timeout_s`."""
+        if not self._items:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout_s, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+            if not self._items:
+                return None
+        return self._items.popleft()
+
+
+def _expire(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 @dataclass
 class RequestHandle:
     request_id: str
@@ -75,7 +115,7 @@ class RequestHandle:
     prefill_instance: str
     submitted_at: float = field(default_factory=time.monotonic)
     attempt_id: str = ""  # id of the current attempt; instances only ever see attempt ids
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: UpdateQueue = field(default_factory=UpdateQueue)
     decode_instance: str = ""
     output_token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
@@ -222,10 +262,7 @@ class Gateway:
 
     async def _next_update(self, handle: RequestHandle) -> TokenUpdate | None:
         timeout = min(self.config.token_timeout_s, handle.deadline - time.monotonic())
-        try:
-            return await asyncio.wait_for(handle.queue.get(), max(timeout, 0.0))
-        except asyncio.TimeoutError:
-            return None
+        return await handle.queue.get(max(timeout, 0.0))
 
     def _absorb(self, handle: RequestHandle, update: TokenUpdate, text: TextStream
                 ) -> StreamEvent | None:

@@ -60,11 +60,13 @@ class ClusterMonitor:
 
     async def run(self) -> None:
         """Every tick: store I/O on a worker thread (a hung Redis must never stall the event
-        loop), then the decisions here."""
+        loop; an in-process store never blocks and is read here), then the decisions here."""
         while True:
             await asyncio.sleep(self.interval_s)
             try:
-                self._apply(*(await asyncio.to_thread(self._fetch)))
+                fetched = (await asyncio.to_thread(self._fetch) if self.store.may_block
+                           else self._fetch())
+                self._apply(*fetched)
             except Exception:  # the monitor must outlive any one bad tick
                 log.exception("cluster monitor tick failed")
 

@@ -9,6 +9,7 @@ so, never silently ignored.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Any, Literal
@@ -174,6 +175,10 @@ class ResponseBuilder:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.sent_role = False
+        # The serialized envelope up to the choices, for chunk_json: a stream sends one chunk
+        # per generated token, and only the text changes from one to the next.
+        name = "chat.completion.chunk" if chat else "text_completion"
+        self._chunk_head = json.dumps(self._envelope(name, []))[:-len("[]}")]
 
     def _envelope(self, object_name: str, choices: list, extra: dict | None = None) -> dict:
         body = {"id": self.id, "object": object_name, "created": self.created,
@@ -196,6 +201,17 @@ class ResponseBuilder:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             name = "text_completion"
         return self._envelope(name, [choice], {"usage": usage_now} if usage_now else None)
+
+    def chunk_json(self, text: str, finish_reason: str | None,
+                   usage_now: dict | None = None) -> str:
+        """`json.dumps(self.chunk(text, finish_reason, usage_now))`, the same text, without
+        building and encoding the envelope again for every token."""
+        if finish_reason is not None or usage_now or (self.chat and not self.sent_role):
+            return json.dumps(self.chunk(text, finish_reason, usage_now))
+        key = '"delta": {"content": ' if self.chat else '"text": '
+        close = "}" if self.chat else ""
+        return (f'{self._chunk_head}[{{"index": 0, {key}{json.dumps(text)}{close}, '
+                f'"logprobs": null, "finish_reason": null}}]}}')
 
     def usage_chunk(self, usage_total: dict) -> dict:
         name = "chat.completion.chunk" if self.chat else "text_completion"

@@ -59,11 +59,15 @@ class RequestTable:
     sees every request. Writes that fail because the store is unreachable are logged and
     dropped: the table informs, it never blocks serving."""
 
-    def __init__(self, store: ControlStore, background: bool = True) -> None:
+    def __init__(self, store: ControlStore, background: bool | None = None) -> None:
         self.store = store
         self._warned = False
-        # Writes go through one thread so a slow or hung store never blocks request handling;
-        # a full queue drops writes (the table informs, it does not gate serving).
+        # Writes to a store that may block (Redis) go through one thread so a slow or hung store
+        # never blocks request handling; a full queue drops writes (the table informs, it does
+        # not gate serving). An in-process store is written at once: handing each write to a
+        # thread cost the gateway's event loop a GIL hand-off per write.
+        if background is None:
+            background = store.may_block
         self._queue: queue.Queue | None = queue.Queue(maxsize=WRITE_QUEUE) if background else None
         if background:
             threading.Thread(target=self._writer, name="request-table", daemon=True).start()

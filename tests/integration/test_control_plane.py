@@ -95,11 +95,15 @@ def test_kill_9_mid_load_loses_no_request_and_leaks_no_block(tmp_path, tiny, vic
                       "--kv-memory-gib", "0.1", "--instance-timeout", "1.0", log_dir=tmp_path)
     try:
         victim = next(i for i in cluster.cluster()["instances"] if i["role"] == victim_role)
-        killer = threading.Timer(1.0, os.kill, (victim["pid"], signal.SIGKILL))
+        # Killed once it is seen working (a fixed delay let the faster kernels finish the whole
+        # load first: nothing was interrupted), and a load long enough for that to happen.
+        killed = threading.Event()
+        killer = threading.Thread(target=_kill_when_busy, args=(cluster, victim, killed))
         killer.start()
         outcomes = asyncio.run(run_load([cluster.url], 50, _served(cluster), concurrency=25,
-                                        max_tokens=(40, 80), stream_every=1))
+                                        max_tokens=(120, 240), stream_every=1))
         killer.join()
+        assert killed.is_set(), "the victim was never seen running a sequence"
         completed, errored = _check_outcomes(outcomes, allow_errors=True)
         print(f"kill -9 {victim_role}: {completed} completed, {errored} error events")
         assert completed + errored == 50
@@ -108,6 +112,22 @@ def test_kill_9_mid_load_loses_no_request_and_leaks_no_block(tmp_path, tiny, vic
         assert _wait_idle(cluster) == [], "blocks held for dead requests"
     finally:
         cluster.stop()
+
+
+def _kill_when_busy(cluster, victim: dict, killed: threading.Event, timeout: float = 30.0):
+    """SIGKILL the victim as soon as it reports work in hand: a sequence running, queued or in
+    transfer (a prefill instance runs each short prompt for milliseconds, between two of its
+    100 ms reports, but holds the KV leases of what it handed off)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = next((i for i in cluster.cluster()["instances"]
+                     if i["instance_id"] == victim["instance_id"]), None)
+        if view is not None and any(view["queue"][k] for k in ("running", "waiting",
+                                                                "transferring")):
+            os.kill(victim["pid"], signal.SIGKILL)
+            killed.set()
+            return
+        time.sleep(0.02)
 
 
 def _flip(cluster, instance_id, role):
