@@ -46,9 +46,17 @@ inline float row_max(const float* x, int64_t n) {
     m = _mm512_mask_max_ps(m, keep, m, _mm512_maskz_loadu_ps(keep, x + i));
   }
   return _mm512_reduce_max_ps(m);
+#elif defined(__AVX2__)  // likewise (gcc 12 keeps even 8 explicit lanes scalar)
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float top = *std::max_element(lanes, lanes + 8);
+  for (; i < n; ++i) top = std::max(top, x[i]);
+  return top;
 #else
   float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
   for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
   return m;
 #endif
