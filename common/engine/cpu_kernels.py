@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
+import os
 from functools import cache
 from pathlib import Path
 
@@ -22,7 +23,12 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "cpu_ops.cpp"
 HEADERS = sorted((Path(__file__).parent / "csrc").glob("*.h"))  # included by SOURCE
 MODULE_NAME = "splitserve_cpu_ops"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+# SPLITSERVE_KERNEL_MARCH (default native) builds for another CPU generation, e.g. `haswell`
+# (AVX2 only) or `icelake-server -mavx512bf16` (AVX512-BF16 without AMX): how this machine's
+# tests also run the kernels' code paths for the CPU kinds it is not (it must still run them).
+MARCH = os.environ.get("SPLITSERVE_KERNEL_MARCH", "native").split()
+CFLAGS = ["-O3", f"-march={MARCH[0]}", *MARCH[1:], "-fopenmp", "-fno-math-errno",
+          "-fno-trapping-math"]
 
 
 def _cpu_flags() -> str:

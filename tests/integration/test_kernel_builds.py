@@ -1,0 +1,40 @@
+"""The C++ kernels built for the other CPU kinds this project meets, run on this machine: the
+kernel and sampler tests pass with an AVX2-only build (an AMD EPYC without AVX-512) and, where
+this CPU can run it, an AVX512-BF16 build without AMX (a Zen 4 EPYC). -march=native alone would
+test only this machine's own code paths."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ["tests/integration/test_cpu_kernels.py", "tests/integration/test_sampler_kernel.py"]
+BUILDS = {"avx2": ("haswell", {"avx2", "fma"}),
+          "avx512-bf16": ("icelake-server -mavx512bf16", {"avx512f", "avx512_bf16"})}
+
+
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(BUILDS))
+def test_kernels_built_for_another_cpu_kind_pass_their_tests(kind, cache_dir):
+    march, needs = BUILDS[kind]
+    if not needs <= _cpu_flags():
+        pytest.skip(f"this CPU cannot run a {kind} build")
+    env = {**os.environ, "SPLITSERVE_KERNEL_MARCH": march}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             *TESTS], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=900)
+    summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in summary and "failed" not in summary, summary
