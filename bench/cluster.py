@@ -11,13 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from control_plane.launcher import die_with_parent
-from control_plane.launcher import free_port as free_port_on
-
-
-def free_port() -> int:
-    """A free port on the loopback interface, where bench clusters listen."""
-    return free_port_on("127.0.0.1")
+from common.process import die_with_parent, free_port
 
 
 class ClusterProcess:

@@ -81,9 +81,9 @@ class VllmCpuSystem:
     cores the splitserve layouts get, and the dtype splitserve's "auto" runs on this CPU."""
 
     def __init__(self, log: Path) -> None:
-        from bench.cluster import free_port
         from bench.vllm_baseline import SERVED_MODEL_NAME, default_model_dir, start_vllm
         from common.engine.cpu_features import default_cpu_dtype
+        from common.process import free_port
 
         self.served_name = SERVED_MODEL_NAME
         self.server = start_vllm(default_model_dir(), port=free_port(), threads=2,

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from control_plane.launcher import die_with_parent
+from common.process import die_with_parent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"

@@ -2,13 +2,21 @@
 
 Nothing here reads the environment or the command line; `control_plane.cli` does that and builds
 these objects. Values discovered at run time (the number of KV blocks that fit, the model's shape)
-are returned as their own objects by the code that discovers them, never written back here.
+are returned as their own objects by the code that discovers them, never written back here. A
+config crosses a process boundary as JSON (`config_to_json`, `config_from_json`): `splitserve up`
+hands each instance process its InstanceConfig that way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar, get_type_hints
+
+import msgspec
+
+if TYPE_CHECKING:
+    from common.protocol import LengthPrediction
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -119,17 +127,8 @@ class PrefillConfig:
     pad_last_chunk: bool = False  # zero-pad a short chunk up to ChunkSize, as the paper does
     lease_timeout_s: float = 30.0  # how long blocks wait for a decode instance to take them
     dispatch_policy: str = "power_of_two"  # prefill_instance.dispatcher registry
-    heavy_threshold: int = 128  # predicted output tokens above which a decode is heavy
-    use_upper_end: bool = False  # size requests by the upper end of the predicted range
-    # Length predictor beside the main model: a directory made by `splitserve predictor
-    # train`, "oracle" (max_tokens as the true length: ignore-EOS workloads), or None.
-    predictor: str | None = None
-    predictor_mode: str = "parallel"  # parallel (own thread) or sequential
-    oracle_granularity: int = 200
 
     def __post_init__(self) -> None:
-        _require(self.predictor_mode in ("parallel", "sequential"),
-                 f"predictor mode must be parallel or sequential, got {self.predictor_mode!r}")
         _require(self.policy in PREFILL_POLICIES, f"prefill policy must be one of "
                                                   f"{PREFILL_POLICIES}, got {self.policy!r}")
         _require(self.sched_batch > 0, "PrefillSchedBatch must be > 0")
@@ -142,17 +141,48 @@ class DecodeConfig:
     """The decode role (TetriInfer §3.4)."""
 
     admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic
-    use_upper_end: bool = False  # which end of the predicted range admission uses
     preempt: str = "recompute"  # when memory runs out anyway: recompute or swap (host tier)
     swap_blocks: int | None = None  # host blocks for swap; None = as many as the device has
     swap_bandwidth: float | None = None  # emulated host-swap bandwidth, bytes/s
-    heavy_threshold: int = 128
 
     def __post_init__(self) -> None:
         _require(self.admission in ("greedy", "reserve-static", "reserve-dynamic"),
                  f"unknown decode admission policy {self.admission!r}")
         _require(self.preempt in ("recompute", "swap"),
                  f"preempt must be recompute or swap, got {self.preempt!r}")
+
+
+PREDICTOR_MODES = ("parallel", "sequential")
+
+
+@dataclass(frozen=True)
+class PredictionConfig:
+    """The predicted output length (TetriInfer §3.3.2): where the prefill instance gets it, and
+    how the dispatcher and the decode admission policies read it."""
+
+    # A directory made by `splitserve predictor train`, "oracle" (max_tokens as the true
+    # length: ignore-EOS workloads), or None (no prediction).
+    predictor: str | None = None
+    mode: str = "parallel"  # parallel (own thread beside the main model) or sequential
+    oracle_granularity: int = 200  # bucket width of the oracle's predictions, in tokens
+    heavy_threshold: int = 128  # predicted output tokens above which a decode is heavy
+    use_upper_end: bool = False  # size sequences by the upper end of the predicted range
+
+    def __post_init__(self) -> None:
+        _require(self.mode in PREDICTOR_MODES,
+                 f"predictor mode must be one of {PREDICTOR_MODES}, got {self.mode!r}")
+        _require(self.oracle_granularity > 0, "oracle granularity must be > 0")
+        _require(self.heavy_threshold >= 0, "heavy threshold must be >= 0")
+
+    def predicted_output(self, prediction: LengthPrediction | None) -> int | None:
+        """The output length placement plans for: one end of the predicted range."""
+        if prediction is None:
+            return None
+        return prediction.upper if self.use_upper_end else prediction.lower
+
+    def is_heavy(self, prediction: LengthPrediction | None) -> bool:
+        output = self.predicted_output(prediction)
+        return output is not None and output > self.heavy_threshold
 
 
 BANDWIDTH_PRESETS = {"roce-200g": 200e9 / 8, "nvlink-300g": 300e9}  # bytes per second
@@ -223,6 +253,7 @@ class InstanceConfig:
     report_interval_s: float = 0.1
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    prediction: PredictionConfig = field(default_factory=PredictionConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     # With a store URL (redis://...), load reports and broadcasts go through the store and
     # several gateways share the cluster; without, through the gateways' inboxes.
@@ -307,3 +338,36 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _require(self.request_timeout_s > 0 and self.token_timeout_s > 0, "timeouts must be > 0")
+
+
+Config = TypeVar("Config")
+
+
+def config_to_json(config) -> str:
+    """A config tree as JSON; `config_from_json(text, type(config))` gives it back."""
+    return msgspec.json.encode(config).decode()
+
+
+def config_from_json(text: str | bytes, kind: type[Config]) -> Config:
+    """The config tree of class `kind` from JSON. Missing fields take their defaults, every value
+    passes the checks of `__post_init__`, and an unknown field (a typo) is refused."""
+    try:
+        data = msgspec.json.decode(text)
+        _refuse_unknown_fields(data, kind, "")
+        return msgspec.convert(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConfigError(f"bad {kind.__name__} JSON: {exc}") from None
+
+
+def _refuse_unknown_fields(data, kind: type, where: str) -> None:
+    # msgspec ignores fields a dataclass lacks; a misspelt setting must not be dropped silently.
+    if not isinstance(data, dict):
+        return  # msgspec reports the wrong type
+    hints = get_type_hints(kind)
+    names = {f.name for f in fields(kind)}
+    unknown = sorted(set(data) - names)
+    _require(not unknown, f"unknown {kind.__name__} field(s): "
+                          f"{', '.join(where + name for name in unknown)}")
+    for name, value in data.items():
+        if is_dataclass(hints[name]):
+            _refuse_unknown_fields(value, hints[name], f"{where}{name}.")

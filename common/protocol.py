@@ -23,15 +23,17 @@ from typing import Union
 import msgspec
 
 from common.sampling_params import SamplingParams
+from common.transfer import TransferStatus
 
 
 class Message(msgspec.Struct, tag=True, omit_defaults=True):
     """Base of all wire messages."""
 
 
-class LengthHint(msgspec.Struct, frozen=True):
-    """A predicted output length: bucket `bucket` of the predictor's granularity covers
-    [lower, upper) generated tokens."""
+class LengthPrediction(msgspec.Struct, frozen=True):
+    """A predicted output length, in tokens: bucket `bucket` of the predictor's granularity,
+    `lower <= length < upper`. For a predictor's last bucket `upper` is the length cap it was
+    trained with; a sequence allowed to generate more may go past it."""
 
     bucket: int
     lower: int
@@ -111,7 +113,7 @@ class KVTransferOffer(Message):
     # False for chunk-level hand-offs: more chunks follow (KVChunkReady) and token_ids holds no
     # generated token yet.
     final: bool = True
-    prediction: LengthHint | None = None  # the length predictor's bucket for this sequence
+    prediction: LengthPrediction | None = None  # the length predictor's bucket for this sequence
 
 
 class KVChunkReady(Message):
@@ -124,13 +126,25 @@ class KVChunkReady(Message):
     final: bool = False
     token_ids: list[int] = []
     lease_expires: float = 0.0  # the lease, extended by every notice
-    prediction: LengthHint | None = None  # once known
+    prediction: LengthPrediction | None = None  # once known
 
 
 class KVTransferDone(Message):
+    """What became of an offer's blocks on the decode side: DONE (copied: free them), REJECTED
+    (never touched: offer them elsewhere), FAILED or ABORTED. `error` is the why, for people;
+    code reads `status`."""
+
     request_id: str
-    ok: bool = True
+    status: TransferStatus = TransferStatus.DONE
     error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TransferStatus.DONE
+
+    @classmethod
+    def rejected(cls, request_id: str, why: str) -> KVTransferDone:
+        return cls(request_id, TransferStatus.REJECTED, f"rejected: {why}")
 
 
 class InstanceStats(Message):

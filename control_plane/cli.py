@@ -11,8 +11,9 @@ import argparse
 import logging
 import os
 import sys
+from dataclasses import replace
 
-from common.config import ConfigError
+from common.config import ConfigError, InstanceConfig, config_from_json
 from common.errors import SplitserveError
 from control_plane.cli_args import (
     CACHE_ENV,
@@ -20,11 +21,11 @@ from control_plane.cli_args import (
     add_gateway_args,
     add_instance_args,
     add_store_args,
+    cluster_instance_config,
     engine_config,
     gateway_config,
     instance_config,
-    instance_passthrough,
-    known_policy,
+    refuse_flags_beside,
 )
 
 
@@ -83,16 +84,30 @@ def _add_profile(sub) -> None:
     p.set_defaults(handler=_cmd_profile)
 
 
+def received_instance_config(args: argparse.Namespace) -> InstanceConfig:
+    """The config of `splitserve instance`: whole, as `splitserve up` hands it over
+    (--config-json), or from the flags of an instance started by hand."""
+    if args.config_json is None:
+        return instance_config(args)
+    refuse_flags_beside(args, build_parser().parse_args(["instance"]), "--config-json")
+    return config_from_json(args.config_json, InstanceConfig)
+
+
 def _cmd_instance(args: argparse.Namespace) -> int:
+    config = received_instance_config(args)
     from common.engine.worker import InstanceWorker
 
-    InstanceWorker(instance_config(args)).run()
+    InstanceWorker(config).run()
     return 0
 
 
 def _add_instance(sub) -> None:
-    p = sub.add_parser("instance", help="one prefill or decode instance process")
-    p.add_argument("--role", required=True, help="prefill or decode")
+    p = sub.add_parser("instance", help="one prefill, decode or coupled instance process")
+    p.add_argument("--role", default=None,
+                   help="prefill, decode or coupled (required unless --config-json)")
+    p.add_argument("--config-json", default=None, metavar="JSON",
+                   help="the whole instance config as JSON (common.config.InstanceConfig), as "
+                        "`splitserve up` passes it; no other instance flag goes with it")
     p.add_argument("--gateway", action="append",
                    help="a gateway inbox (tcp://host:port) to report to (repeatable)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind the inbox and KV to")
@@ -135,12 +150,15 @@ def _add_gateway(sub) -> None:
 def _cmd_up(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from control_plane.launcher import free_port, run_up
+    from common.process import free_port
+    from control_plane.launcher import run_up
 
+    shared = cluster_instance_config(args)
+    shared = replace(shared, engine=shared.engine.with_model(
+        num_threads=args.threads_per_instance))
     config = gateway_config(args, free_port(args.host))
-    known_policy(args.policy)
     run_up(config, {"prefill": args.prefill, "decode": args.decode, "coupled": args.coupled},
-           instance_passthrough(args), Path(args.log_dir) if args.log_dir else None)
+           shared, Path(args.log_dir) if args.log_dir else None)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import replace
 
 from common.config import (
     BANDWIDTH_PRESETS,
@@ -22,6 +23,7 @@ from common.config import (
     InstanceConfig,
     LimitsConfig,
     ModelConfig,
+    PredictionConfig,
     PrefillConfig,
     TransferConfig,
 )
@@ -134,36 +136,54 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
 
 
 def instance_config(args: argparse.Namespace) -> InstanceConfig:
+    """`splitserve instance --role ROLE --flags`: one instance started by hand (docs/deploy.md,
+    the Helm chart), its identity and addresses from its own flags."""
+    if not args.role:
+        raise ConfigError("--role is required (or --config-json)")
+    shared = cluster_instance_config(args)
+    return replace(shared, role=args.role, instance_id=args.instance_id or "", host=args.host,
+                   gateways=tuple(args.gateway or ()), inbox_port=args.inbox_port,
+                   advertise_host=args.advertise_host, metrics_port=args.metrics_port,
+                   transfer=replace(shared.transfer, port=args.kv_port,
+                                    advertise_host=args.advertise_host))
+
+
+def cluster_instance_config(args: argparse.Namespace) -> InstanceConfig:
+    """What the instances of one cluster share, from the engine, instance and store flags;
+    `splitserve up` adds each instance's role and identity and hands it the result as JSON."""
     return InstanceConfig(
-        engine=engine_config(args), role=args.role, instance_id=args.instance_id or "",
-        host=args.host, gateways=tuple(args.gateway or ()),
-        report_interval_s=args.report_interval, store_url=args.redis,
-        store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
-        stall_timeout_s=args.stall_timeout,
-        inbox_port=args.inbox_port, advertise_host=args.advertise_host,
-        metrics_port=args.metrics_port, coupled_policy=known_policy(args.policy),
+        engine=engine_config(args), report_interval_s=args.report_interval,
+        store_url=args.redis, store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
+        stall_timeout_s=args.stall_timeout, coupled_policy=known_policy(args.policy),
         cluster_secret_file=args.cluster_secret_file,
         coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
         coupled_options=key_values(args.policy_option, "--policy-option"),
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout,
-                              dispatch_policy=args.dispatch_policy,
-                              heavy_threshold=args.heavy_threshold,
-                              use_upper_end=args.use_upper_end, predictor=args.predictor,
-                              predictor_mode=args.predictor_mode,
-                              oracle_granularity=args.oracle_granularity),
-        decode=DecodeConfig(admission=args.decode_admission, use_upper_end=args.use_upper_end,
-                            preempt=args.decode_preempt, swap_blocks=args.decode_swap_blocks,
-                            swap_bandwidth=args.decode_swap_bandwidth,
-                            heavy_threshold=args.heavy_threshold),
+                              dispatch_policy=args.dispatch_policy),
+        decode=DecodeConfig(admission=args.decode_admission, preempt=args.decode_preempt,
+                            swap_blocks=args.decode_swap_blocks,
+                            swap_bandwidth=args.decode_swap_bandwidth),
+        prediction=PredictionConfig(predictor=args.predictor, mode=args.predictor_mode,
+                                    oracle_granularity=args.oracle_granularity,
+                                    heavy_threshold=args.heavy_threshold,
+                                    use_upper_end=args.use_upper_end),
         transfer=TransferConfig(backend=args.transfer, timeout_s=args.transfer_timeout,
                                 granularity=args.transfer_granularity,
                                 failure_policy=args.transfer_failure_policy,
-                                emulation=emulation_config(args), port=args.kv_port,
-                                fault=args.transfer_fault,
-                                cluster_secret_file=args.cluster_secret_file,
-                                advertise_host=args.advertise_host))
+                                emulation=emulation_config(args), fault=args.transfer_fault,
+                                cluster_secret_file=args.cluster_secret_file))
+
+
+def refuse_flags_beside(args: argparse.Namespace, defaults: argparse.Namespace,
+                        flag: str) -> None:
+    """`flag` carries the whole config: a flag given beside it would be ignored, so refuse it."""
+    given = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                   if name not in ("config_json", "log_level")
+                   and value != getattr(defaults, name, value))
+    if given:
+        raise ConfigError(f"{flag} carries the whole config; drop {', '.join(given)}")
 
 
 def emulation_config(args: argparse.Namespace) -> EmulationConfig:
@@ -286,31 +306,3 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          cluster_secret_file=args.cluster_secret_file,
                          max_recoveries=args.max_recoveries,
                          instance_timeout_s=args.instance_timeout)
-
-
-def instance_passthrough(args: argparse.Namespace) -> list[str]:
-    """The engine and instance flags `up` forwards to every instance process."""
-    forwarded = []
-    for flag in ("model", "dtype", "device", "max_model_len", "block_size", "num_blocks",
-                 "kv_memory_gib", "max_num_seqs", "max_num_batched_tokens", "seed", "cache_dir",
-                 "transfer", "transfer_timeout", "report_interval", "prefill_policy",
-                 "prefill_sched_batch", "chunk_size", "lease_timeout", "redis", "store_prefix",
-                 "heartbeat_ttl", "stall_timeout", "transfer_granularity", "transfer_failure_policy",
-                 "emulate_bandwidth", "emulate_latency", "emulate_bytes_per_token", "policy",
-                 "swap_blocks", "swap_bandwidth", "transfer_fault", "cluster_secret_file",
-                 "dispatch_policy", "heavy_threshold", "predictor", "predictor_mode",
-                 "oracle_granularity", "decode_admission", "decode_preempt",
-                 "decode_swap_blocks", "decode_swap_bandwidth", "cuda_graph_max_batch"):
-        value = getattr(args, flag)
-        if value is not None:
-            forwarded += [f"--{flag.replace('_', '-')}", str(value)]
-    if args.pad_chunks:
-        forwarded.append("--pad-chunks")
-    if args.use_upper_end:
-        forwarded.append("--use-upper-end")
-    if args.no_cuda_graphs:
-        forwarded.append("--no-cuda-graphs")
-    for pair in args.policy_option:
-        forwarded += ["--policy-option", pair]
-    forwarded += ["--threads", str(args.threads_per_instance)]
-    return forwarded

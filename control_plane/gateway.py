@@ -117,6 +117,7 @@ class RequestHandle:
     attempt_id: str = ""  # id of the current attempt; instances only ever see attempt ids
     queue: UpdateQueue = field(default_factory=UpdateQueue)
     decode_instance: str = ""
+    phase: Phase = Phase.QUEUED  # of the current attempt, as last written to the request table
     output_token_ids: list[int] = field(default_factory=list)
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -237,6 +238,7 @@ class Gateway:
         self.handles.pop(handle.attempt_id, None)
         handle.attempt_id = f"{handle.request_id}.{handle.recoveries}"
         handle.prefill_instance, handle.decode_instance = target.stats.instance_id, ""
+        handle.phase = Phase.QUEUED
         self.handles[handle.attempt_id] = handle
         generated = handle.output_token_ids
         remaining_s = max(handle.deadline - time.monotonic(), 0.0)
@@ -270,15 +272,14 @@ class Gateway:
             return None  # from an attempt that was abandoned
         if update.next_instance:
             handle.decode_instance = update.next_instance
-            self.table.advance(handle.request_id, Phase.DECODING,
-                               decode_instance=update.next_instance)
         if update.error:
             if update.recoverable and self._recover(handle, update.error):
                 return None
             return self._end(handle, error=update.error)
+        self._note_tokens(handle, update.token_ids)
+        self._advance_phase(handle, update)
         if not update.token_ids and update.finish_reason is None:
             return None
-        self._note_tokens(handle, update.token_ids)
         finish = update.finish_reason
         delta = text.push(update.token_ids, finish is not None)
         if finish is None and text.stopped:
@@ -288,13 +289,26 @@ class Gateway:
         return StreamEvent(delta, None, None, handle.num_prompt_tokens,
                            len(handle.output_token_ids))
 
+    def _advance_phase(self, handle: RequestHandle, update: TokenUpdate) -> None:
+        """PREFILLED at the attempt's first token, then DECODING once a decode instance holds
+        the request. The hand-off comes with the first token (request-level transfer) or before
+        it (chunk-level), so DECODING waits for PREFILLED; a request handed on again (its offer
+        refused) records the new decode instance."""
+        if update.token_ids and handle.phase is Phase.QUEUED:
+            handle.phase = Phase.PREFILLED
+            self.table.advance(handle.request_id, Phase.PREFILLED)
+        handed_on = update.next_instance and handle.phase is Phase.DECODING
+        if handed_on or (handle.phase is Phase.PREFILLED and handle.decode_instance):
+            handle.phase = Phase.DECODING
+            self.table.advance(handle.request_id, Phase.DECODING,
+                               decode_instance=handle.decode_instance)
+
     def _note_tokens(self, handle: RequestHandle, token_ids: list[int]) -> None:
         if not token_ids:
             return
         now = time.monotonic()
         if handle.first_token_time is None:
             handle.first_token_time = now
-            self.table.advance(handle.request_id, Phase.PREFILLED)
             ttft = now - handle.submitted_at
             self.metrics.ttft.observe(ttft)
             if self.monitor is not None:

@@ -1,40 +1,32 @@
 """Running the control plane: `splitserve gateway`, and `splitserve up` (gateway + instances).
 
 `up` resolves the model once, starts N prefill and M decode instance processes (each told to die
-with its parent), serves the gateway in this process, prints the URL once the cluster is ready,
-and stops every instance on Ctrl-C or SIGTERM.
+with its parent, each handed its whole InstanceConfig as JSON: `splitserve instance
+--config-json`), serves the gateway in this process, prints the URL once the cluster is ready, and
+stops every instance on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import uvicorn
 
-from common.config import ConfigError, GatewayConfig
+from common.config import ConfigError, GatewayConfig, InstanceConfig, config_to_json
 from common.errors import SplitserveError
 from common.model_files import resolve_model
+from common.process import die_with_parent
 from common.tokenizer import TextTokenizer
 from control_plane.app import create_app
 from control_plane.gateway import Gateway
 
 log = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
@@ -88,30 +80,30 @@ def _announce(server: uvicorn.Server, gateway: Gateway, on_ready, startup_failur
         time.sleep(0.2)
 
 
-def die_with_parent() -> None:
-    """For Popen's preexec_fn: the child gets SIGTERM when its parent dies, even by SIGKILL."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass
 class InstanceProcess:
     role: str
     process: subprocess.Popen
 
 
-def spawn_instance(role: str, index: int, instance_args: list[str], gateway_inbox: str,
-                   log_dir: Path | None) -> InstanceProcess:
-    command = [sys.executable, "-m", "control_plane.cli", "instance", "--role", role,
-               "--instance-id", f"{role}-{index}", "--gateway", gateway_inbox,
-               "--metrics-port", "-1", *instance_args]
+def spawn_instance(config: InstanceConfig, log_dir: Path | None) -> InstanceProcess:
+    command = [sys.executable, "-m", "control_plane.cli", "instance",
+               "--config-json", config_to_json(config)]
     output = None
     if log_dir is not None:
         log_dir.mkdir(parents=True, exist_ok=True)
-        output = open(log_dir / f"{role}-{index}.log", "w")
+        output = open(log_dir / f"{config.instance_id}.log", "w")
     process = subprocess.Popen(command, stdout=output, stderr=output or None,
                                preexec_fn=die_with_parent)
-    return InstanceProcess(role, process)
+    return InstanceProcess(config.role, process)
+
+
+def instance_of(shared: InstanceConfig, role: str, index: int, gateway_inbox: str
+                ) -> InstanceConfig:
+    """One instance of `up`: it reports to this gateway and binds its metrics port wherever it
+    can (-1), reporting the URL it got, so nothing races for a port picked in advance."""
+    return replace(shared, role=role, instance_id=f"{role}-{index}", gateways=(gateway_inbox,),
+                   metrics_port=-1)
 
 
 def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> None:
@@ -127,14 +119,15 @@ def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> No
             inst.process.wait()
 
 
-def run_up(config: GatewayConfig, counts: dict[str, int], instance_args: list[str],
+def run_up(config: GatewayConfig, counts: dict[str, int], shared: InstanceConfig,
            log_dir: Path | None = None) -> None:
-    """Serve the gateway here with `counts` instances per role (prefill, decode, coupled)."""
+    """Serve the gateway here with `counts` instances per role (prefill, decode, coupled), each
+    configured as `shared` plus its own role and identity."""
     if not (counts.get("coupled") or (counts.get("prefill") and counts.get("decode"))):
         raise ConfigError("need at least one prefill and one decode instance, or a coupled one")
     gateway, aliases = build_gateway(config)  # resolves (and converts) the model once
     inbox = f"tcp://{config.host}:{config.inbox_port}"
-    instances = [spawn_instance(role, i, instance_args, inbox, log_dir)
+    instances = [spawn_instance(instance_of(shared, role, i, inbox), log_dir)
                  for role, count in counts.items() for i in range(count)]
     summary = " + ".join(f"{n} {role}" for role, n in counts.items() if n)
     print(f"splitserve: starting {summary} instances (model {gateway.served_name}); gateway at "

@@ -6,7 +6,9 @@ when gateway replicas share a cluster. A request's phases follow one path, each 
     QUEUED -> PREFILLED -> DECODING -> FINISHED        (or FAILED / ABORTED from any phase)
 
 QUEUED means sent to a prefill instance; PREFILLED is stamped at the first token (prefill done);
-DECODING at the hand-off to a decode instance.
+DECODING once a decode instance holds the prefilled request (request-level transfer hands it over
+with the first token, chunk-level before it: either way DECODING follows PREFILLED). A request
+recovered elsewhere starts again at QUEUED.
 """
 
 from __future__ import annotations

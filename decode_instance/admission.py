@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.protocol import LengthHint
+from common.protocol import LengthPrediction
 from common.registry import Registry
 
 ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry("decode admission policy")
@@ -28,10 +28,10 @@ ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry("decode admission
 class SeqView:
     num_tokens: int  # tokens whose KV exists or is being computed
     num_output_tokens: int
-    prediction: LengthHint | None
+    prediction: LengthPrediction | None
 
 
-def predicted_output(hint: LengthHint | None, use_upper: bool) -> int | None:
+def predicted_output(hint: LengthPrediction | None, use_upper: bool) -> int | None:
     if hint is None:
         return None
     return hint.upper if use_upper else hint.lower
@@ -44,13 +44,13 @@ def predicted_remaining(view: SeqView, use_upper: bool) -> int | None:
     return max(output - view.num_output_tokens, 1)
 
 
-def migrate(hint: LengthHint | None, num_output_tokens: int) -> LengthHint | None:
+def migrate(hint: LengthPrediction | None, num_output_tokens: int) -> LengthPrediction | None:
     """Move a sequence that outgrew its bucket on to the bucket its real length is in."""
     if hint is None or num_output_tokens < hint.upper:
         return hint
     width = max(hint.upper - hint.lower, 1)
     bucket = num_output_tokens // width
-    return LengthHint(bucket, bucket * width, (bucket + 1) * width)
+    return LengthPrediction(bucket, bucket * width, (bucket + 1) * width)
 
 
 def blocks(num_tokens: int, block_size: int) -> int:

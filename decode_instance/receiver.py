@@ -17,8 +17,7 @@ from dataclasses import dataclass, field
 
 from common.protocol import KVChunkReady, KVTransferDone, KVTransferOffer
 from common.sequence import Sequence
-from common.transfer_errors import REJECTED
-from kv_transfer import TransferJob, TransferResult
+from common.transfer import TransferJob, TransferResult, TransferStatus
 
 LEASE_MARGIN_S = 1.0  # finish reading this long before the prefill's lease expires
 
@@ -71,14 +70,13 @@ class Receiver:
     def reject_pending(self, why: str) -> None:
         while self.pending:
             offer = self.pending.popleft().offer
-            self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False,
-                                                             REJECTED + why))
+            self.ctx.send(offer.source_inbox, KVTransferDone.rejected(offer.request_id, why))
 
     def abort(self, request_id: str) -> None:
         for handoff in list(self.pending):
             if handoff.offer.request_id == request_id:
                 self.pending.remove(handoff)
-                self._release_source(handoff, "aborted")
+                self._release_source(handoff, TransferStatus.ABORTED, "aborted")
         handoff = self.active.get(request_id)
         if handoff is not None:
             handoff.aborted = True
@@ -103,7 +101,7 @@ class Receiver:
             handoff = self.pending[0]
             if self._expired(handoff):
                 self.pending.popleft()
-                self._release_source(handoff, "expired")
+                self._release_source(handoff, TransferStatus.FAILED, "expired")
                 self.failed.append((handoff.offer, "KV lease expired before this decode instance "
                                                    "had room"))
                 continue
@@ -158,8 +156,10 @@ class Receiver:
             del self.active[request_id]
             self.ctx.transfer.forget(request_id)
             self.ctx.kv.free(request_id)
-            self._release_source(handoff, "aborted" if handoff.aborted else handoff.failed)
-            if handoff.failed and not handoff.aborted:
+            if handoff.aborted:
+                self._release_source(handoff, TransferStatus.ABORTED, "aborted")
+            else:
+                self._release_source(handoff, TransferStatus.FAILED, handoff.failed)
                 self.failed.append((handoff.offer, f"KV transfer failed: {handoff.failed}"))
         elif handoff.complete:
             del self.active[request_id]
@@ -167,9 +167,9 @@ class Receiver:
             self.ctx.send(handoff.offer.source_inbox, KVTransferDone(request_id))
             self.ready.append(self._sequence(handoff))
 
-    def _release_source(self, handoff: HandOff, why: str) -> None:
+    def _release_source(self, handoff: HandOff, status: TransferStatus, why: str) -> None:
         self.ctx.send(handoff.offer.source_inbox,
-                      KVTransferDone(handoff.offer.request_id, False, why))
+                      KVTransferDone(handoff.offer.request_id, status, why))
 
     def _sequence(self, handoff: HandOff) -> Sequence:
         offer = handoff.offer

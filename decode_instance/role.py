@@ -27,13 +27,13 @@ from common.protocol import (
     KVChunkReady,
     KVTransferDone,
     KVTransferOffer,
-    LengthHint,
+    LengthPrediction,
     Message,
     TokenUpdate,
 )
 from common.schedulers.swapping import SwapSpace
-from common.transfer_errors import REJECTED
-from decode_instance.admission import SeqView, make_admission, predicted_output
+from common.transfer import TransferStatus
+from decode_instance.admission import SeqView, make_admission
 from decode_instance.receiver import Receiver
 from decode_instance.scheduler import DecodeScheduler
 
@@ -48,7 +48,8 @@ class DecodeRole(Role):
         super().__init__(ctx)
         self.config = ctx.config.decode
         self.scheduler = DecodeScheduler(ctx.config.engine.batch, ctx.kv, self._swap_space())
-        self.admission = make_admission(self.config.admission, self.config.use_upper_end)
+        self.prediction = ctx.config.prediction
+        self.admission = make_admission(self.config.admission, self.prediction.use_upper_end)
         self.receiver = Receiver(ctx, self._admits)
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
         self.finished = {"heavy": 0, "light": 0}
@@ -93,10 +94,10 @@ class DecodeRole(Role):
 
     def _offer(self, offer: KVTransferOffer) -> None:
         if offer.request_id in self.recent_aborts:
-            self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False, "aborted"))
+            self.ctx.send(offer.source_inbox,
+                          KVTransferDone(offer.request_id, TransferStatus.ABORTED, "aborted"))
         elif self.draining:
-            self.ctx.send(offer.source_inbox, KVTransferDone(offer.request_id, False,
-                                                             REJECTED + "draining"))
+            self.ctx.send(offer.source_inbox, KVTransferDone.rejected(offer.request_id, "draining"))
         else:
             self.receiver.offer(offer)
 
@@ -155,15 +156,13 @@ class DecodeRole(Role):
             if u.finish_reason in ("stop", "length"):
                 self._finished(predictions.get(u.seq_id), u.num_output_tokens)
 
-    def _finished(self, hint: LengthHint | None, num_output_tokens: int) -> None:
+    def _finished(self, hint: LengthPrediction | None, num_output_tokens: int) -> None:
         self.last_finish_time = time.time()
-        heavy = (predicted_output(hint, self.config.use_upper_end) or 0) > \
-            self.config.heavy_threshold
-        self.finished["heavy" if heavy else "light"] += 1
+        self.finished["heavy" if self.prediction.is_heavy(hint) else "light"] += 1
         if hint is not None:
             self._score(hint, num_output_tokens)
 
-    def _score(self, hint: LengthHint, num_output_tokens: int) -> None:
+    def _score(self, hint: LengthPrediction, num_output_tokens: int) -> None:
         """Predictor accuracy against the realized length, for /metrics."""
         width = max(hint.upper - hint.lower, 1)
         miss = abs(num_output_tokens // width - hint.bucket)
@@ -173,8 +172,7 @@ class DecodeRole(Role):
     # -- reporting -----------------------------------------------------------------------------
     def load(self) -> dict:
         heavy = sum(1 for s in self.scheduler.running
-                    if (predicted_output(s.extra.get("prediction"), self.config.use_upper_end)
-                        or 0) > self.config.heavy_threshold)
+                    if self.prediction.is_heavy(s.extra.get("prediction")))
         return {"num_waiting": self.receiver.num_pending,
                 "num_running": self.scheduler.num_running,
                 "num_transferring": self.receiver.num_active,

@@ -1,26 +1,12 @@
-"""The KV transfer interface both roles use: one-sided reads and writes of block ranges.
+"""What the backends share: the job thread, emulated pacing, and the ZeroMQ server thread.
 
-Metadata (which blocks, how many tokens, the first token, leases) travels in the protocol's
-messages (KVTransferOffer, KVChunkReady, KVTransferDone); the block bytes move through a backend.
-The roles use reads, like an RDMA READ: the instance that will decode a sequence allocates its
-own blocks, reads the prefill instance's blocks into them, then tells the prefill instance that
-it may free its copy. Writes (push local blocks into a peer's) are the mirror operation.
-
-    decode role                       backend worker thread             prefill instance
-    -----------                       ---------------------             ----------------
-    allocate local blocks
-    submit(TransferJob) ------------> copy remote blocks -> local  <--- serves its blocks
-    poll() -> TransferResult <------- (ok / failed, bytes, seconds)
-    KVTransferDone --------------------------------------------------> free its blocks
-
-With chunk-level granularity one job per chunk runs as the chunk's KV appears. Jobs run in
-submission order on one worker thread: one link, like one NIC queue. With emulation on, each job
-also waits until its emulated duration (latency + bytes / bandwidth) has passed, so a small
-model on one host reproduces the transfer regime of a big model on a real network.
-
-Contract: the caller frees or reuses the local blocks of a job only after `poll()` returned that
-job's result (a cancelled job still reports one), so the worker never writes into blocks that
-belong to someone else.
+The contract (interface, jobs, results, status) is `common.transfer`; this module implements
+it once for every backend here. `ThreadedBackend` runs jobs in submission order on one thread,
+like one NIC queue. With emulation on, each job also waits until its emulated duration
+(latency + bytes / bandwidth) has passed, so a small model on one host reproduces the transfer
+regime of a big model on a real network. `ServedBackend` adds a ROUTER socket answered on a
+thread of its own, for backends whose peers ask this instance for something (tcp: the blocks;
+cuda_ipc: a handle to the cache).
 """
 
 from __future__ import annotations
@@ -28,52 +14,26 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from abc import abstractmethod
+from typing import ClassVar
 
 import torch
+import zmq
 
 from common.config import EmulationConfig, TransferConfig
 from common.engine.kv_cache import KVCache
+from common.messaging import advertised, bind_address
+from common.security import guard_context, load_keys
+from common.transfer import (
+    KVTransferBackend,
+    TransferError,
+    TransferJob,
+    TransferResult,
+    TransferStats,
+    TransferStatus,
+)
 
-
-@dataclass(frozen=True)
-class TransferJob:
-    request_id: str
-    endpoint: str  # the peer's kv_endpoint
-    remote_block_ids: list[int]
-    local_block_ids: list[int]
-    deadline: float  # time.monotonic() after which the job fails
-    num_tokens: int = 0  # tokens whose KV this job moves (for emulated byte counts)
-    write: bool = False  # push local blocks into the peer's instead of reading them
-    final: bool = True  # the last job of this request's hand-off (chunk-level has several)
-
-
-ReadJob = TransferJob  # the common case reads the peer's blocks
-
-
-@dataclass(frozen=True)
-class TransferResult:
-    request_id: str
-    ok: bool
-    error: str = ""
-    num_bytes: int = 0
-    seconds: float = 0.0
-    final: bool = True
-
-
-@dataclass
-class TransferStats:
-    """Totals since start, for load reports and /metrics."""
-
-    num_transfers: int = 0
-    num_failures: int = 0
-    num_bytes: int = 0
-    seconds: float = 0.0
-
-
-class TransferError(RuntimeError):
-    pass
+_POLL_MS = 100  # how often a server thread looks at its stop flag
 
 
 def copy_blocks(src: torch.Tensor, src_ids: list[int], dst: torch.Tensor,
@@ -89,11 +49,13 @@ def copy_blocks(src: torch.Tensor, src_ids: list[int], dst: torch.Tensor,
             start = i
 
 
-class KVTransferBackend(ABC):
-    """One instance's end of KV movement. Jobs run on one worker thread, in order."""
+def _result(job: TransferJob, status: TransferStatus, error: str = "", num_bytes: int = 0,
+            seconds: float = 0.0) -> TransferResult:
+    return TransferResult(job.request_id, status, error, num_bytes, seconds, job.final)
 
-    name = "?"
-    needs_shared_cache = False  # peers read this instance's cache in place (shared memory)
+
+class ThreadedBackend(KVTransferBackend):
+    """Jobs run on one thread, in order; subclasses say how one job's bytes move."""
 
     def __init__(self, kv_cache: KVCache, host: str, config: TransferConfig) -> None:
         self.kv_cache = kv_cache
@@ -101,16 +63,11 @@ class KVTransferBackend(ABC):
         self.config = config
         self.emulation: EmulationConfig = config.emulation  # replaceable while running
         self.stats = TransferStats()
-        self.on_result = None  # optional callable(TransferResult), called on the worker thread
+        self.on_result = None
         self._jobs: queue.Queue[TransferJob | None] = queue.Queue()
         self._results: queue.Queue[TransferResult] = queue.Queue()
         self._cancelled: set[str] = set()
-        self._worker = threading.Thread(target=self._work, name=f"kv-{self.name}", daemon=True)
-
-    @property
-    @abstractmethod
-    def endpoint(self) -> str:
-        """How peers reach this instance's blocks."""
+        self._job_thread = threading.Thread(target=self._work, name=f"kv-{self.name}", daemon=True)
 
     @abstractmethod
     def _read(self, job: TransferJob) -> int:
@@ -121,18 +78,19 @@ class KVTransferBackend(ABC):
         raise TransferError(f"the {self.name} backend does not write into peers")
 
     def start(self) -> None:
-        self._worker.start()
+        self._job_thread.start()
 
     def submit(self, job: TransferJob) -> None:
         self._jobs.put(job)
 
     def cancel(self, request_id: str) -> None:
-        """Skip the request's jobs that have not started; their results still come back."""
         self._cancelled.add(request_id)
 
     def forget(self, request_id: str) -> None:
-        """The request's last result has been taken: stop remembering it was cancelled."""
         self._cancelled.discard(request_id)
+
+    def cancelled(self, request_id: str) -> bool:
+        return request_id in self._cancelled
 
     def poll(self) -> list[TransferResult]:
         results = []
@@ -153,32 +111,25 @@ class KVTransferBackend(ABC):
 
     def _run(self, job: TransferJob) -> TransferResult:
         if job.request_id in self._cancelled:
-            return TransferResult(job.request_id, False, "cancelled", final=job.final)
+            return _result(job, TransferStatus.ABORTED, "cancelled")
         if time.monotonic() > job.deadline:
-            return TransferResult(job.request_id, False, "deadline passed before the transfer",
-                                  final=job.final)
+            return _result(job, TransferStatus.FAILED, "deadline passed before the transfer")
         if self.config.fault == "stall":
             return self._stall(job)
         started = time.perf_counter()
         try:
             num_bytes = self._write(job) if job.write else self._read(job)
         except Exception as exc:  # any failure of the peer or the link fails this job only
-            return TransferResult(job.request_id, False, f"{type(exc).__name__}: {exc}",
-                                  final=job.final)
+            return _result(job, TransferStatus.FAILED, f"{type(exc).__name__}: {exc}")
         self._pace(started, num_bytes, job)
-        return TransferResult(job.request_id, True, "", num_bytes,
-                              time.perf_counter() - started, job.final)
+        return _result(job, TransferStatus.DONE, "", num_bytes, time.perf_counter() - started)
 
     def _stall(self, job: TransferJob) -> TransferResult:
         """Injected fault: the transfer never completes; it fails at its deadline (or when
         cancelled), as a hung peer or link would make it."""
         while time.monotonic() < job.deadline and job.request_id not in self._cancelled:
             time.sleep(0.05)
-        return TransferResult(job.request_id, False, "transfer stalled (injected fault)",
-                              final=job.final)
-
-    def cancelled(self, request_id: str) -> bool:
-        return request_id in self._cancelled
+        return _result(job, TransferStatus.FAILED, "transfer stalled (injected fault)")
 
     def _pace(self, started: float, num_bytes: int, job: TransferJob) -> None:
         emulated = self.emulation.duration(num_bytes, job.num_tokens)
@@ -199,5 +150,70 @@ class KVTransferBackend(ABC):
 
     def close(self) -> None:
         self._jobs.put(None)
-        if self._worker.is_alive():
-            self._worker.join(timeout=5)
+        if self._job_thread.is_alive():
+            self._job_thread.join(timeout=5)
+
+
+class ServedBackend(ThreadedBackend):
+    """A ThreadedBackend that also answers peers: a ZeroMQ ROUTER (CurveZMQ with a cluster
+    secret) served on its own thread, and DEALER sockets to reach the peers' servers."""
+
+    endpoint_prefix: ClassVar[str] = ""  # before the ROUTER's tcp:// address in `endpoint`
+
+    def __init__(self, kv_cache: KVCache, host: str, config: TransferConfig) -> None:
+        super().__init__(kv_cache, host, config)
+        self._ctx = zmq.Context.instance()
+        self._keys = load_keys(config.cluster_secret_file)
+        self._server = self._ctx.socket(zmq.ROUTER)
+        self._server.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            guard_context(self._ctx, self._keys)
+            self._keys.serve(self._server)
+        self._server.bind(bind_address(host, config.port))
+        self._endpoint = self.endpoint_prefix + advertised(
+            self._server.getsockopt_string(zmq.LAST_ENDPOINT), config.advertise_host)
+        self._stop = threading.Event()
+        self._server_thread = threading.Thread(target=self._serve, name=f"kv-{self.name}-server",
+                                               daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    @abstractmethod
+    def _answer(self, frames: list[zmq.Frame]) -> list | None:
+        """The reply frames to one peer request (its frames after the identity); None: no
+        reply (the request was not understood)."""
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            if not self._server.poll(_POLL_MS):
+                continue
+            identity, *frames = self._server.recv_multipart(copy=False)
+            reply = self._answer(frames)
+            if reply is not None:
+                self._server.send_multipart([identity.bytes, *reply], copy=False)
+        self._server.close(0)
+
+    def _dealer(self, address: str) -> zmq.Socket:
+        """A socket connected to a peer's server (the caller closes it)."""
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self._keys is not None:
+            self._keys.connect(sock)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError:
+            sock.close(0)
+            raise
+        return sock
+
+    def start(self) -> None:
+        self._server_thread.start()
+        super().start()
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+        if self._server_thread.is_alive():
+            self._server_thread.join(timeout=2)

@@ -22,19 +22,14 @@ from __future__ import annotations
 
 import os
 import socket
-import threading
 import time
 
 import msgspec
 import torch
-import zmq
 
-from common.messaging import advertised, bind_address
-from common.security import guard_context, load_keys
-from kv_transfer.base import KVTransferBackend, TransferError, TransferJob, copy_blocks
+from kv_transfer.base import ServedBackend, TransferError, TransferJob, copy_blocks
 
 PREFIX = "cuda_ipc://"
-_POLL_MS = 100
 
 
 class CudaIpcUnavailable(RuntimeError):
@@ -88,8 +83,9 @@ def _alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-class CudaIpcBackend(KVTransferBackend):
+class CudaIpcBackend(ServedBackend):
     name = "cuda_ipc"
+    endpoint_prefix = PREFIX
 
     def __init__(self, kv_cache, host, config) -> None:
         if not torch.cuda.is_available():
@@ -98,42 +94,15 @@ class CudaIpcBackend(KVTransferBackend):
         if kv_cache.device.type != "cuda":
             raise CudaIpcUnavailable("the cuda_ipc backend needs the KV cache on a CUDA device "
                                      f"(it is on {kv_cache.device})")
-        super().__init__(kv_cache, host, config)
-        self._ctx = zmq.Context.instance()
-        self._keys = load_keys(config.cluster_secret_file)  # CurveZMQ, as on the tcp backend
-        self._server = self._ctx.socket(zmq.ROUTER)
-        self._server.setsockopt(zmq.LINGER, 0)
-        if self._keys is not None:
-            guard_context(self._ctx, self._keys)
-            self._keys.serve(self._server)
-        self._server.bind(bind_address(host, config.port))
-        self._endpoint = PREFIX + advertised(self._server.getsockopt_string(zmq.LAST_ENDPOINT),
-                                             config.advertise_host)
-        self._stop = threading.Event()
-        self._server_thread = threading.Thread(target=self._serve, name="kv-cuda-ipc-server",
-                                               daemon=True)
+        super().__init__(kv_cache, host, config)  # the handle service: CurveZMQ, as on tcp
         self._peers: dict[str, tuple[torch.Tensor, int]] = {}  # endpoint -> (mapped cache, pid)
 
-    @property
-    def endpoint(self) -> str:
-        return self._endpoint
-
-    def start(self) -> None:
-        self._server_thread.start()
-        super().start()
-
     # -- serving side ------------------------------------------------------------------------------
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self._server.poll(_POLL_MS):
-                continue
-            identity, *_ = self._server.recv_multipart()
-            try:
-                reply = [b"ok", msgspec.msgpack.encode(self._export())]
-            except RuntimeError as exc:  # a CUDA error: say so rather than let the peer time out
-                reply = [b"error", str(exc).encode()]
-            self._server.send_multipart([identity, *reply])
-        self._server.close(0)
+    def _answer(self, frames: list) -> list:
+        try:
+            return [b"ok", msgspec.msgpack.encode(self._export())]
+        except RuntimeError as exc:  # a CUDA error: say so rather than let the peer time out
+            return [b"error", str(exc).encode()]
 
     def _export(self) -> _Handle:
         """A fresh handle per asking peer: reduce_tensor gives each its own reference count,
@@ -149,14 +118,10 @@ class CudaIpcBackend(KVTransferBackend):
                        list(tensor.stride()), offset, handle, size_bytes, offset_bytes,
                        ref_handle, ref_offset, event_handle, event_sync)
 
-    # -- reading side (worker thread) --------------------------------------------------------------
+    # -- reading side (job thread) -----------------------------------------------------------------
     def _fetch_handle(self, endpoint: str, deadline: float) -> _Handle:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        if self._keys is not None:
-            self._keys.connect(sock)
+        sock = self._dealer(endpoint.removeprefix(PREFIX))
         try:
-            sock.connect(endpoint.removeprefix(PREFIX))
             sock.send(b"handle")
             if not sock.poll(int(max(deadline - time.monotonic(), 0) * 1000)):
                 raise TimeoutError(f"no CUDA IPC handle from {endpoint} before the deadline")
@@ -220,8 +185,5 @@ class CudaIpcBackend(KVTransferBackend):
                           job.remote_block_ids, pid)
 
     def close(self) -> None:
-        self._stop.set()
         super().close()
-        if self._server_thread.is_alive():
-            self._server_thread.join(timeout=2)
         self._peers.clear()  # releases the mappings and the peers' reference counts

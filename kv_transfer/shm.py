@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from common.engine.kv_cache import map_shared
-from kv_transfer.base import KVTransferBackend, TransferJob
+from kv_transfer.base import ThreadedBackend, TransferJob
 
 PREFIX = "shm://"
 
@@ -47,7 +47,7 @@ def copy_block_runs(src: np.ndarray, src_ids: list[int], dst: np.ndarray,
             start = i
 
 
-class SharedMemoryBackend(KVTransferBackend):
+class SharedMemoryBackend(ThreadedBackend):
     name = "shm"
     needs_shared_cache = True
 

@@ -12,8 +12,8 @@ its deadline aborts the endpoint, so no late reply is taken for the next request
 restarted peer is reached through a fresh endpoint.
 
 The library is asyncio-only and its context is process-wide, bound to the loop that first used
-it: every UCX call of this process runs on one loop thread (`_Loop`) and the worker thread waits
-on it. Received bytes land in a scratch buffer and are copied into the cache on the worker
+it: every UCX call of this process runs on one loop thread (`_Loop`) and the job thread waits
+on it. Received bytes land in a scratch buffer and are copied into the cache on the job
 thread once the request has finished, so a timed-out request never writes into blocks the
 caller has since freed (the base class's contract).
 
@@ -33,7 +33,7 @@ import time
 import msgspec
 import torch
 
-from kv_transfer.base import KVTransferBackend, TransferError, TransferJob
+from kv_transfer.base import ThreadedBackend, TransferError, TransferJob
 
 PREFIX = "ucx://"
 _LIBRARIES = ("ucp", "ucxx")  # ucx-py, then its successor with the same API
@@ -111,7 +111,7 @@ def _as_bytes(tensor: torch.Tensor):
     return tensor.reshape(-1).view(torch.uint8).numpy()
 
 
-class UcxBackend(KVTransferBackend):
+class UcxBackend(ThreadedBackend):
     name = "ucx"
 
     def __init__(self, kv_cache, host, config) -> None:
@@ -186,7 +186,7 @@ class UcxBackend(KVTransferBackend):
         shape = (*layout.shape[:2], num_blocks, *layout.shape[3:])
         return data.view(self.kv_cache.tensor.dtype).view(shape)
 
-    # -- client side: the worker thread waits on coroutines run by the loop thread -----------------
+    # -- client side: the job thread waits on coroutines run by the loop thread --------------------
     def _read(self, job: TransferJob) -> int:
         data = self._call(job, self._exchange(job, None))
         index = torch.tensor(job.local_block_ids, dtype=torch.long)
@@ -255,5 +255,5 @@ class UcxBackend(KVTransferBackend):
         self._listener.close()
 
     def close(self) -> None:
-        super().close()  # the worker first: it may be waiting on the loop
+        super().close()  # the job thread first: it may be waiting on the loop
         self._loop.run(self._shutdown(), timeout=10)

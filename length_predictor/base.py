@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import InvalidRequestError
+from common.protocol import LengthPrediction
 from common.registry import Registry
-from length_predictor.buckets import Bucketing, LengthPrediction
+from length_predictor.buckets import Bucketing
 
 PREDICTOR_FILE = "predictor.json"
 DEFAULT_MAX_INPUT_TOKENS = 512  # TetriInfer's cutting limit for the predictor's inputs

@@ -1,6 +1,7 @@
 """Length buckets: generated lengths -> classes of granularity G, and a class -> token bounds.
 
-Pure Python (no torch): the decode admission policies and the dispatcher read predictions.
+Pure Python (no torch). A prediction is a `common.protocol.LengthPrediction` (bucket, lower and
+upper token bounds): it travels with the sequence to the dispatcher and the decode instance.
 
     G = 200, max_output_tokens = 512:
     bucket    0           1            2
@@ -15,21 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import ConfigError
+from common.protocol import LengthPrediction
 
 DEFAULT_GRANULARITIES = (100, 200, 400)
-
-
-@dataclass(frozen=True, slots=True)
-class LengthPrediction:
-    """A predicted output length range, in tokens: `lower <= length < upper`.
-
-    For the last bucket `upper` is the cap the predictor was trained with; a sequence allowed to
-    generate more may go past it.
-    """
-
-    bucket: int
-    lower: int
-    upper: int
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from torch import nn
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.errors import InvalidRequestError
+from common.protocol import LengthPrediction
 from length_predictor.base import PREDICTORS, LengthPredictor, LoadOptions, PredictorMeta
-from length_predictor.buckets import LengthPrediction
 
 WEIGHTS_FILE = "probe.pt"
 

@@ -13,8 +13,9 @@
 
 Batching follows the paper: prompts are padded to the longest of their batch (the HF model
 cannot do chunked prefill), so a prompt longer than the cutting limit runs alone; the predictor
-itself cuts every input to its `max_input_tokens`. Predictions are values (`LengthPrediction`:
-bucket, lower and upper token bounds) for the dispatcher and the decode admission policies.
+itself cuts every input to its `max_input_tokens`. Predictions are values
+(`common.protocol.LengthPrediction`: bucket, lower and upper token bounds) for the dispatcher and
+the decode admission policies.
 No torch import here: the predictor's kind brings it.
 """
 
@@ -27,17 +28,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import ConfigError
+from common.config import PREDICTOR_MODES, ConfigError
 from common.errors import InvalidRequestError
+from common.protocol import LengthPrediction
 from length_predictor.base import (
     DEFAULT_MAX_INPUT_TOKENS,
     LengthPredictor,
     LoadOptions,
     load_predictor,
 )
-from length_predictor.buckets import LengthPrediction
-
-SERVICE_MODES = ("parallel", "sequential")
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,9 @@ class ServiceOptions:
     max_batch_size: int = 16  # prompts per predictor forward
 
     def __post_init__(self) -> None:
-        if self.mode not in SERVICE_MODES:
-            raise ConfigError(f"predictor mode must be one of {SERVICE_MODES}, got {self.mode!r}")
+        if self.mode not in PREDICTOR_MODES:
+            raise ConfigError(f"predictor mode must be one of {PREDICTOR_MODES}, got "
+                              f"{self.mode!r}")
         if self.cutting_limit < 1 or self.max_batch_size < 1:
             raise ConfigError("cutting limit and predictor batch size must be >= 1")
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from common.protocol import LengthHint, PeerInfo
+from common.config import PredictionConfig
+from common.protocol import LengthPrediction, PeerInfo
 from common.registry import Registry
 from common.sequence import Sequence
 
@@ -33,26 +34,16 @@ DISPATCHERS: Registry[type[Dispatcher]] = Registry("dispatch policy")
 
 @dataclass(frozen=True)
 class DispatchOptions:
-    heavy_threshold: int = 128  # predicted output tokens above which a decode is heavy
-    use_upper_end: bool = False  # size requests by the upper end of the predicted range
+    # heavy/light and which end of the predicted range (the decode admission reads the same)
+    prediction: PredictionConfig = field(default_factory=PredictionConfig)
     hold_when_full: bool = False  # with an empty alpha set: hold instead of the roomiest beta
     block_size: int = 16
     seed: int | None = None
 
 
-def predicted_output(hint: LengthHint | None, options: DispatchOptions) -> int | None:
-    if hint is None:
-        return None
-    return hint.upper if options.use_upper_end else hint.lower
-
-
-def is_heavy(hint: LengthHint | None, options: DispatchOptions) -> bool:
-    output = predicted_output(hint, options)
-    return output is not None and output > options.heavy_threshold
-
-
-def blocks_needed(seq: Sequence, hint: LengthHint | None, options: DispatchOptions) -> int:
-    output = predicted_output(hint, options) or 1
+def blocks_needed(seq: Sequence, prediction: LengthPrediction | None,
+                  options: DispatchOptions) -> int:
+    output = options.prediction.predicted_output(prediction) or 1
     return -(-(seq.num_tokens + output) // options.block_size)
 
 
@@ -81,7 +72,7 @@ class Dispatcher(ABC):
         """The decode instance for `seq`, or None to hold it until the view changes."""
 
     @staticmethod
-    def hint(seq: Sequence) -> LengthHint | None:
+    def hint(seq: Sequence) -> LengthPrediction | None:
         return seq.extra.get("prediction")
 
 
@@ -124,7 +115,7 @@ class PowerOfTwo(Dispatcher):
         alpha = sorted((p for p in decodes if p.num_free_blocks >= needed),
                        key=lambda p: p.instance_id)
         if len(alpha) >= 2:
-            heavy = is_heavy(hint, self.options)
+            heavy = self.options.prediction.is_heavy(hint)
             pair = self.rng.sample(alpha, 2)
             return min(pair, key=lambda p: (*self.cost(p, heavy), -p.num_free_blocks))
         if alpha:
@@ -159,7 +150,7 @@ class Imbalance(Dispatcher):
         if not decodes:
             return None
         ordered = sorted(decodes, key=lambda p: p.instance_id)
-        if is_heavy(self.hint(seq), self.options) or len(ordered) == 1:
+        if self.options.prediction.is_heavy(self.hint(seq)) or len(ordered) == 1:
             return ordered[0]
         self.counter += 1
         return ordered[1 + self.counter % (len(ordered) - 1)]

@@ -1,8 +1,8 @@
 """The length predictor beside the prefill instance's main model (TetriInfer §3.3.2).
 
-Each prefilled sequence gets a predicted output bucket (`seq.extra["prediction"]`, a LengthHint)
-before it is dispatched, for the dispatcher's heavy/light split and the decode instance's
-admission policy. Sources:
+Each prefilled sequence gets a predicted output bucket (`seq.extra["prediction"]`, a
+LengthPrediction) before it is dispatched, for the dispatcher's heavy/light split and the decode
+instance's admission policy; `PredictionConfig` says where it comes from. Sources:
 - a trained predictor directory (`splitserve predictor train`), served by the length predictor's
   `PredictorService`: a classifier reads the prompt's tokens, in parallel with the prefill on its
   own thread (or sequentially); a probe reads the main model's hidden state of the last prompt
@@ -15,26 +15,24 @@ from __future__ import annotations
 
 import logging
 
-from common.protocol import LengthHint
+from common.config import PredictionConfig
+from common.protocol import LengthPrediction
 from common.sequence import Sequence
 
 log = logging.getLogger(__name__)
 WAIT_AT_DISPATCH_S = 0.05  # a late prediction is worth this much delay, not more
 
 
-def _hint(prediction) -> LengthHint:
-    return LengthHint(prediction.bucket, prediction.lower, prediction.upper)
-
-
 class PrefillPredictor:
-    def __init__(self, source: str, mode: str, oracle_granularity: int) -> None:
-        self.oracle_granularity = oracle_granularity
+    def __init__(self, config: PredictionConfig) -> None:
+        self.oracle_granularity = config.oracle_granularity
         self.service = None
-        if source != "oracle":
+        if config.predictor != "oracle":
             from length_predictor.serving import PredictorService, ServiceOptions
 
-            self.service = PredictorService.from_directory(source, ServiceOptions(mode=mode))
-            log.info("length predictor %s loaded (%s)", source, mode)
+            self.service = PredictorService.from_directory(config.predictor,
+                                                           ServiceOptions(mode=config.mode))
+            log.info("length predictor %s loaded (%s)", config.predictor, config.mode)
 
     def check_served_model(self, shape) -> None:
         """Fail at start-up, not at the first forward, when the predictor cannot read the
@@ -54,7 +52,8 @@ class PrefillPredictor:
         if self.service is None:
             width = self.oracle_granularity
             bucket = seq.sampling.max_tokens // width
-            seq.extra["prediction"] = LengthHint(bucket, bucket * width, (bucket + 1) * width)
+            seq.extra["prediction"] = LengthPrediction(bucket, bucket * width,
+                                                       (bucket + 1) * width)
         elif not self.wants_hidden:
             self.service.submit(seq.seq_id, seq.token_ids[:seq.num_prompt_tokens])
 
@@ -67,7 +66,7 @@ class PrefillPredictor:
         for seq_id, prediction in ready.items():
             seq = sequences.get(seq_id)
             if seq is not None:
-                seq.extra["prediction"] = _hint(prediction)
+                seq.extra["prediction"] = prediction
 
     def ensure(self, seq: Sequence) -> None:
         """At dispatch: wait briefly for a prediction still being computed."""
@@ -75,7 +74,7 @@ class PrefillPredictor:
             return
         ready = self.service.wait([seq.seq_id], timeout=WAIT_AT_DISPATCH_S)
         if seq.seq_id in ready:
-            seq.extra["prediction"] = _hint(ready[seq.seq_id])
+            seq.extra["prediction"] = ready[seq.seq_id]
 
     def discard(self, seq_id: str) -> None:
         if self.service is not None:

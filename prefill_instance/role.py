@@ -32,7 +32,7 @@ from common.protocol import (
     TokenUpdate,
 )
 from common.sequence import Sequence
-from common.transfer_errors import REJECTED
+from common.transfer import TransferStatus
 from prefill_instance.dispatcher import DISPATCHERS, DispatchOptions
 from prefill_instance.handoff import Handoffs
 from prefill_instance.prediction import PrefillPredictor
@@ -63,12 +63,10 @@ class PrefillRole(Role):
         self.chunk_size = chunk_size_for(ctx)
         self.scheduler = PrefillScheduler(ctx.config.prefill, self.chunk_size, ctx.kv)
         config = ctx.config.prefill
+        prediction = ctx.config.prediction
         self.handoffs = Handoffs(ctx, DISPATCHERS.get(config.dispatch_policy)(DispatchOptions(
-            heavy_threshold=config.heavy_threshold, use_upper_end=config.use_upper_end,
-            block_size=ctx.kv.block_size)))
-        self.predictor = (PrefillPredictor(config.predictor, config.predictor_mode,
-                                           config.oracle_granularity)
-                          if config.predictor else None)
+            prediction, block_size=ctx.kv.block_size)))
+        self.predictor = PrefillPredictor(prediction) if prediction.predictor else None
         if self.predictor is not None:
             self.predictor.check_served_model(ctx.runner.model.shape)
         self.chunked = ctx.config.transfer.granularity == "chunk"
@@ -89,8 +87,8 @@ class PrefillRole(Role):
         elif isinstance(message, KVTransferDone):
             self._transfer_done(message)
         elif isinstance(message, KVTransferOffer):  # arrived after this instance flipped
-            self.ctx.send(message.source_inbox, KVTransferDone(
-                message.request_id, False, REJECTED + "not a decode instance"))
+            self.ctx.send(message.source_inbox, KVTransferDone.rejected(
+                message.request_id, "not a decode instance"))
 
     def _admit(self, request: GenerateRequest) -> None:
         num_prompt = len(request.prompt_token_ids) - request.num_generated
@@ -126,7 +124,7 @@ class PrefillRole(Role):
         if lease is None:
             return
         prefilling = done.request_id in self.scheduler.sequences
-        if not done.ok and done.error.startswith(REJECTED):
+        if done.status is TransferStatus.REJECTED:
             # The decode instance never touched the blocks: offer them to another one (after the
             # prompt is done; a chunk-level offer is simply made again at the next chunk).
             self.handoffs.exclude(lease.decode.instance_id)

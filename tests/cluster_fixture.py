@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.cluster import free_port
+from common.process import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

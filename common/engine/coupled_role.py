@@ -34,7 +34,6 @@ from common.protocol import (
 from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler, make_coupled_scheduler
 from common.schedulers.swapping import SwapSpace
 from common.sequence import Sequence
-from common.transfer_errors import REJECTED
 
 log = logging.getLogger(__name__)
 # Policies whose design assumes a host tier get one by default (as many blocks as the device).
@@ -98,8 +97,8 @@ class CoupledRole(Role):
         elif isinstance(message, AbortRequest):
             self.scheduler.abort(message.request_id)
         elif isinstance(message, KVTransferOffer):  # meant for a decode instance
-            self.ctx.send(message.source_inbox, KVTransferDone(
-                message.request_id, False, REJECTED + "not a decode instance"))
+            self.ctx.send(message.source_inbox, KVTransferDone.rejected(
+                message.request_id, "not a decode instance"))
 
     def _admit(self, request: GenerateRequest) -> None:
         num_prompt = len(request.prompt_token_ids) - request.num_generated

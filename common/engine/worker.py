@@ -13,7 +13,8 @@ elsewhere); once drained, the role object is replaced in place: same model, KV c
 tables, no reload. The FlipReport records the drain time and the switch time (drain excluded).
 
 Roles and KV transfer backends are found by name in the `splitserve.roles` and
-`splitserve.kv_backends` entry-point groups, so this module never imports their packages.
+`splitserve.kv_backends` entry-point groups, so this module never imports their packages; roles
+see the backend only through `common.transfer`'s interface.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from common.protocol import (
     TokenUpdate,
 )
 from common.security import load_keys, stop_guard
+from common.transfer import BACKENDS, KVTransferBackend
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.02
@@ -60,7 +62,7 @@ class RoleContext:
     config: InstanceConfig
     runner: ModelRunner
     kv: KVCacheManager
-    transfer: object  # kv_transfer.KVTransferBackend
+    transfer: KVTransferBackend
     outbox: Outbox
     inbox_address: str
     metrics: InstanceMetrics | None = None
@@ -155,7 +157,7 @@ def preload_roles() -> dict[str, type[Role]]:
 
 class InstanceWorker:
     def __init__(self, config: InstanceConfig) -> None:
-        backend_cls = load_plugin("splitserve.kv_backends", config.transfer.backend)
+        backend_cls = BACKENDS.get(config.transfer.backend)
         if backend_cls.needs_shared_cache and not config.engine.cache.shared_memory:
             config = replace(config, engine=replace(config.engine, cache=replace(
                 config.engine.cache, shared_memory=True)))

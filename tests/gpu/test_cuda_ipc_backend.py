@@ -9,6 +9,7 @@ Skipped without CUDA (tests/conftest.py skips `gpu` tests); not yet run on a GPU
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
@@ -17,21 +18,14 @@ import torch
 from bench.transfer_throughput import check_blocks, start_server, stop_server
 from common.config import TransferConfig
 from common.engine.kv_cache import KVCache, KVLayout
-from kv_transfer import make_backend
-from kv_transfer.base import ReadJob
+from common.transfer import ReadJob, make_backend
+from transfer_helpers import wait_results
 
 pytestmark = pytest.mark.gpu
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=64, block_size=16, num_kv_heads=2, head_dim=64,
                   dtype="bfloat16")
-
-
-def wait_results(backend, count, timeout=30.0):
-    results, deadline = [], time.monotonic() + timeout
-    while len(results) < count and time.monotonic() < deadline:
-        results += backend.poll()
-        time.sleep(0.005)
-    return results
+wait_results = functools.partial(wait_results, timeout=30.0)
 
 
 def make_reader(layout=LAYOUT):

@@ -115,15 +115,15 @@ def test_kill_9_mid_load_loses_no_request_and_leaks_no_block(tmp_path, tiny, vic
 
 
 def _kill_when_busy(cluster, victim: dict, killed: threading.Event, timeout: float = 30.0):
-    """SIGKILL the victim as soon as it reports work in hand: a sequence running, queued or in
-    transfer (a prefill instance runs each short prompt for milliseconds, between two of its
-    100 ms reports, but holds the KV leases of what it handed off)."""
+    """SIGKILL the victim as soon as it reports work: a sequence running, queued or in transfer,
+    or any forward done (a prefill instance runs each short prompt for milliseconds, between
+    two of its 100 ms reports; under a long load it still has work to come when killed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         view = next((i for i in cluster.cluster()["instances"]
                      if i["instance_id"] == victim["instance_id"]), None)
-        if view is not None and any(view["queue"][k] for k in ("running", "waiting",
-                                                                "transferring")):
+        if view is not None and (view["busy_seconds"] > 0 or any(
+                view["queue"][k] for k in ("running", "waiting", "transferring"))):
             os.kill(victim["pid"], signal.SIGKILL)
             killed.set()
             return
@@ -186,21 +186,29 @@ def test_redis_restart_during_load(tmp_path, tiny):
     try:
         model = _served(cluster)
         results = {}
+        # Long enough to outlast the restart (60 requests of 40-80 tokens: the faster kernels
+        # finished the load while Redis was down).
         loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
-            [cluster.url], 60, model, concurrency=10, max_tokens=(40, 80)))))
+            [cluster.url], 150, model, concurrency=10, max_tokens=(200, 400)))))
         loader.start()
         time.sleep(0.5)
         server.kill()
         time.sleep(2.0)
         server.start()
+        assert loader.is_alive(), "the load ended before Redis came back"
         loader.join()
-        assert _check_outcomes(results["out"], allow_errors=False) == (60, 0)
+        assert _check_outcomes(results["out"], allow_errors=False) == (150, 0)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and httpx.get(cluster.url + "/health").status_code != 200:
             time.sleep(0.2)
         import redis
 
-        keys = redis.Redis.from_url(server.url).keys("splitserve:inst:*")
+        # Instances report every 100 ms and reconnect with backoff: wait for their next reports.
+        store = redis.Redis.from_url(server.url)
+        keys = []
+        while time.monotonic() < deadline + 10 and len(keys) < 2:
+            keys = store.keys("splitserve:inst:*")
+            time.sleep(0.1)
         assert len(keys) == 2, "instances registered again after the restart"
         assert _wait_idle(cluster) == []
     finally:

@@ -17,9 +17,13 @@ FORBIDDEN = {
     "decode_instance": {"prefill_instance", "control_plane"},
     "kv_transfer": set(PACKAGES) - {"common", "kv_transfer"},
     "control_plane": {"prefill_instance", "decode_instance"},
+    # bench starts clusters as `splitserve` subprocesses; what it shares with `up` (process and
+    # port helpers) is in common. With the rule below, the two never import each other.
+    "bench": {"control_plane"},
 }
-# Only the CLI may import heavy packages, and only inside its command handlers.
-LAZY_ONLY = {"control_plane": {"torch", "common.engine"}}
+# Only the CLI may import heavy packages, and the experiments behind `splitserve bench`, and only
+# inside its command handlers: no other control_plane module ever imports them.
+LAZY_ONLY = {"control_plane": {"torch", "common.engine", "bench"}}
 
 
 def imported_modules(path: Path) -> list[tuple[str, bool]]:
@@ -78,3 +82,28 @@ def test_control_plane_and_light_common_modules_do_not_load_torch():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False", "a light module imported torch"
+
+
+# Roles see KV transfer only through its contract in common (common.transfer): backends are found
+# by name from the entry points, so no role package imports kv_transfer.
+TRANSFER_CONTRACT_ONLY = ("prefill_instance", "decode_instance")
+
+
+def test_roles_use_the_transfer_contract_not_the_backends():
+    violations = [f"{path.relative_to(ROOT)} imports {module}"
+                  for package in TRANSFER_CONTRACT_ONLY for path in python_files(package)
+                  for module, _ in imported_modules(path) if module.split(".")[0] == "kv_transfer"]
+    assert not violations, "\n".join(violations)
+
+
+def test_transfer_contract_and_backend_names_load_neither_torch_nor_a_backend():
+    code = ("import sys, common.transfer, kv_transfer\n"
+            "names = common.transfer.BACKENDS.names()\n"
+            "loaded = [m for m in sys.modules if m == 'torch' or m.startswith('kv_transfer.')]\n"
+            "print(sorted(loaded))\nprint(names)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded, names = result.stdout.strip().splitlines()
+    assert loaded == "[]", f"importing the transfer contract loaded {loaded}"
+    assert "tcp" in names and "shm" in names, names

@@ -16,11 +16,12 @@ from common.engine.worker import RoleContext
 from common.plan import ModelOutput
 from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer
 from common.sampling_params import SamplingParams
-from common.transfer_errors import REJECTED
+from common.transfer import TransferStatus
 
 from unit.role_fixtures import FakeOutbox
 
 GATEWAY = "tcp://gateway"
+REJECTED = TransferStatus.REJECTED  # a rejection's error text starts with its status
 
 
 def make_role(policy="vllm", num_blocks=32, block_size=4, **settings):
@@ -106,6 +107,7 @@ def test_kv_offers_are_rejected_so_the_prefill_instance_looks_elsewhere():
     (address, done), = role.ctx.outbox.sent
     assert address == "tcp://p0" and isinstance(done, KVTransferDone)
     assert not done.ok and done.error.startswith(REJECTED)
+    assert done.status is TransferStatus.REJECTED
 
 
 def test_fastserve_gets_a_host_tier_by_default_and_others_on_request():

@@ -28,6 +28,7 @@ from common.protocol import (
     encode,
 )
 from common.sampling_params import SamplingParams
+from common.transfer import TransferStatus
 
 # Non-default values everywhere, so a field dropped or mistyped by the codec shows up.
 SAMPLING = SamplingParams(max_tokens=33, temperature=0.5, top_p=0.9, top_k=40, seed=1234,
@@ -52,7 +53,7 @@ MESSAGES = [
                     block_ids=[5, 9, 2], num_cached_tokens=3, lease_expires=1700000030.0,
                     arrival_time=1700000000.25, deadline=1700000600.5),
     KVTransferDone("req-1"),
-    KVTransferDone("req-1", ok=False, error="read timed out"),
+    KVTransferDone("req-1", TransferStatus.FAILED, "read timed out"),
     InstanceStats("prefill-0", "prefill", "tcp://a:1", "tcp://a:2", "some/model", 4096,
                   num_total_blocks=512, num_free_blocks=300, num_waiting=4, num_running=2,
                   num_transferring=1, num_queued_tokens=777, busy_seconds=12.5,
@@ -87,6 +88,12 @@ def test_round_trip(message):
     assert type(back) is type(message)
     assert back == message
     assert encode(back) == data
+
+
+def test_transfer_status_travels_as_an_enum():
+    back = decode(encode(KVTransferDone.rejected("req-1", "draining")))
+    assert back.status is TransferStatus.REJECTED and not back.ok
+    assert decode(encode(KVTransferDone("req-1"))).ok
 
 
 def test_round_trip_keeps_nested_types():

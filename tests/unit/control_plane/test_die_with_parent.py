@@ -11,7 +11,7 @@ import time
 
 PARENT = """
 import subprocess, sys, time
-from control_plane.launcher import die_with_parent
+from common.process import die_with_parent
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
                          preexec_fn=die_with_parent)
 print(child.pid, flush=True)

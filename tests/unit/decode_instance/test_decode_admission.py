@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from common.protocol import LengthHint
+from common.protocol import LengthPrediction
 from decode_instance.admission import SeqView, make_admission, migrate
 
 
 def view(tokens, output=0, lower=None, width=200):
-    hint = None if lower is None else LengthHint(lower // width, lower, lower + width)
+    hint = None if lower is None else LengthPrediction(lower // width, lower, lower + width)
     return SeqView(tokens, output, hint)
 
 
@@ -39,8 +39,8 @@ def test_reserve_dynamic_looks_at_the_shortest_remaining_job():
 
 
 def test_sequences_that_outgrow_their_bucket_move_on():
-    hint = LengthHint(1, 200, 400)
+    hint = LengthPrediction(1, 200, 400)
     assert migrate(hint, 399) == hint
-    assert migrate(hint, 400) == LengthHint(2, 400, 600)
-    assert migrate(hint, 1050) == LengthHint(5, 1000, 1200)
+    assert migrate(hint, 400) == LengthPrediction(2, 400, 600)
+    assert migrate(hint, 1050) == LengthPrediction(5, 1000, 1200)
     assert migrate(None, 5) is None

@@ -9,19 +9,12 @@ import torch
 
 from common.config import TransferConfig
 from common.engine.kv_cache import KVCache, KVLayout
-from kv_transfer import make_backend
-from kv_transfer.base import ReadJob, copy_blocks
+from common.transfer import ReadJob, TransferStatus, make_backend
+from kv_transfer.base import copy_blocks
+from transfer_helpers import wait_results
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=32, block_size=4, num_kv_heads=2, head_dim=8,
                   dtype="bfloat16")
-
-
-def wait_results(backend, count, timeout=10.0):
-    results, deadline = [], time.monotonic() + timeout
-    while len(results) < count and time.monotonic() < deadline:
-        results += backend.poll()
-        time.sleep(0.005)
-    return results
 
 
 @pytest.fixture(params=["tcp", "shm"])
@@ -104,3 +97,20 @@ def test_emulated_bandwidth_paces_delivery(pair):
     assert result.ok
     assert elapsed >= 0.05 + 200 * 1000 / 1e6  # 0.25 s: paced, never early
     assert read.stats.num_transfers == 1 and read.stats.num_bytes == LAYOUT.bytes_per_block
+
+
+def test_results_say_done_aborted_or_failed(pair):
+    serve, read, source, target = pair
+    read.cancel("a")
+    read.submit(ReadJob("a", serve.endpoint, [1], [1], time.monotonic() + 5))
+    read.submit(ReadJob("f", serve.endpoint, [99], [1], time.monotonic() + 5))  # no block 99
+    read.submit(ReadJob("d", serve.endpoint, [1], [1], time.monotonic() + 5))
+    statuses = {r.request_id: r.status for r in wait_results(read, 3)}
+    assert statuses == {"a": TransferStatus.ABORTED, "f": TransferStatus.FAILED,
+                        "d": TransferStatus.DONE}
+
+
+def test_an_unknown_backend_name_lists_the_installed_ones():
+    cache = KVCache(LAYOUT)
+    with pytest.raises(KeyError, match="unknown KV transfer backend 'nope'; known: .*shm, tcp"):
+        make_backend("nope", cache, "127.0.0.1", TransferConfig())

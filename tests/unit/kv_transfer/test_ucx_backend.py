@@ -8,6 +8,7 @@ The library tests skip with the import error as the reason when neither `ucp` (u
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import time
 
@@ -16,20 +17,13 @@ import torch
 
 from common.config import TransferConfig
 from common.engine.kv_cache import KVCache, KVLayout
-from kv_transfer import make_backend
-from kv_transfer.base import ReadJob
+from common.transfer import ReadJob, make_backend
 from kv_transfer.ucx import UcxBackend, UcxUnavailable, _Loop, import_ucx
+from transfer_helpers import wait_results
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=32, block_size=4, num_kv_heads=2, head_dim=8,
                   dtype="bfloat16")
-
-
-def wait_results(backend, count, timeout=15.0):
-    results, deadline = [], time.monotonic() + timeout
-    while len(results) < count and time.monotonic() < deadline:
-        results += backend.poll()
-        time.sleep(0.005)
-    return results
+wait_results = functools.partial(wait_results, timeout=15.0)
 
 
 def test_missing_library_is_reported_in_one_line(monkeypatch):

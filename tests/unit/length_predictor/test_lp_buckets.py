@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError
+from common.protocol import LengthPrediction
 from length_predictor.base import cut_prompt
-from length_predictor.buckets import Bucketing, LengthPrediction, parse_granularities
+from length_predictor.buckets import Bucketing, parse_granularities
 
 
 def test_buckets_cover_g_wide_ranges_and_cap_at_max_output_tokens():

@@ -10,8 +10,8 @@ import torch
 
 from common.config import ConfigError
 from common.errors import InvalidRequestError
+from common.protocol import LengthPrediction
 from length_predictor.base import LengthPredictor, PredictorMeta
-from length_predictor.buckets import LengthPrediction
 from length_predictor.probe import ProbeEnsemble, ProbeHead, ProbePredictor
 from length_predictor.serving import PredictorService, ServiceOptions
 
@@ -188,13 +188,14 @@ def test_prefill_refuses_a_probe_trained_for_another_model(tmp_path):
     instance starts, not at its first forward."""
     from types import SimpleNamespace
 
+    from common.config import PredictionConfig
     from prefill_instance.prediction import PrefillPredictor
 
     probe = ProbePredictor(PredictorMeta(kind="probe", granularity=200, max_output_tokens=512,
                                          target_model="big"),
                            ProbeEnsemble((15, 30), [ProbeHead(4, 3, 0)] * 2, [0, 1]))
     probe.save(tmp_path)
-    attached = PrefillPredictor(str(tmp_path), "parallel", 0)
+    attached = PrefillPredictor(PredictionConfig(predictor=str(tmp_path), mode="parallel"))
     try:
         attached.check_served_model(SimpleNamespace(num_layers=30, hidden_size=4))
         with pytest.raises(InvalidRequestError, match="served model has 2 layers of width 4"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from common.protocol import LengthHint, PeerInfo
+from common.config import PredictionConfig
+from common.protocol import LengthPrediction, PeerInfo
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 from prefill_instance.dispatcher import (
@@ -17,7 +18,7 @@ from prefill_instance.dispatcher import (
     heavy_light_ratio,
 )
 
-OPTIONS = DispatchOptions(heavy_threshold=128, block_size=16, seed=1)
+OPTIONS = DispatchOptions(PredictionConfig(heavy_threshold=128), block_size=16, seed=1)
 
 
 def peer(name, free=100, heavy=0, light=0, running=0):
@@ -28,7 +29,7 @@ def peer(name, free=100, heavy=0, light=0, running=0):
 def seq(prompt=100, predicted=None):
     s = Sequence("s", list(range(prompt)), SamplingParams(), max_model_len=4096)
     if predicted is not None:
-        s.extra["prediction"] = LengthHint(predicted // 200, predicted, predicted + 200)
+        s.extra["prediction"] = LengthPrediction(predicted // 200, predicted, predicted + 200)
     return s
 
 

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import torch
 
 from common.block_pool import KVCacheManager
-from common.config import EngineConfig, PrefillConfig, TransferConfig
+from common.config import EngineConfig, PredictionConfig, PrefillConfig, TransferConfig
 from common.engine.kv_cache import KVLayout
 from common.engine.worker import RoleContext
 from common.plan import ModelOutput
 from common.protocol import GenerateRequest, KVTransferDone, KVTransferOffer, PeerInfo
 from common.sampling_params import SamplingParams
-from common.transfer_errors import REJECTED
+from common.transfer import TransferStatus
 from prefill_instance.role import PrefillRole
 
 from unit.role_fixtures import FakeOutbox
@@ -24,7 +24,8 @@ GATEWAY = "tcp://gateway"
 
 def make_role(num_blocks=32, block_size=4) -> PrefillRole:
     config = SimpleNamespace(engine=EngineConfig(), transfer=TransferConfig(),
-                             prefill=PrefillConfig(chunk_size=8, dispatch_policy="least_loaded"))
+                             prefill=PrefillConfig(chunk_size=8, dispatch_policy="least_loaded"),
+                             prediction=PredictionConfig())
     runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
                              kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
     ctx = RoleContext("prefill-0", config, runner, KVCacheManager(num_blocks, block_size),
@@ -55,10 +56,10 @@ def test_a_rejected_offer_goes_to_another_decode_and_the_gateway_hears_of_it():
     prefill(role)
     first, = role.ctx.pending_tokens.pop(GATEWAY)
     assert first.token_ids == [9] and first.next_instance == "d0" and offers(role) == ["tcp://d0"]
-    role.handle(KVTransferDone("r", False, REJECTED + "draining"))
+    role.handle(KVTransferDone("r", TransferStatus.REJECTED, "draining"))
     role.poll()  # offered again, skipping the instance that refused
     assert offers(role) == ["tcp://d0", "tcp://d1"]
     moved, = role.ctx.pending_tokens.pop(GATEWAY)
     assert moved.next_instance == "d1" and not moved.token_ids
-    role.handle(KVTransferDone("r", True, ""))
+    role.handle(KVTransferDone("r", TransferStatus.DONE, ""))
     assert role.is_drained and role.ctx.kv.num_free_blocks == 32
