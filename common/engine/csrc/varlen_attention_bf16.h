@@ -49,11 +49,17 @@ struct Relaid {
   std::vector<at::BFloat16> values;
   std::vector<int64_t> key_at, value_at, blocks;  // per sequence (offsets of KV head 0)
 
+  int64_t key_offset(int64_t s, int64_t g, int64_t dim) const {
+    return key_at[s] + g * blocks[s] * dim / 2 * 16;
+  }
+  int64_t value_offset(int64_t s, int64_t g, int64_t dim) const {
+    return value_at[s] + g * blocks[s] * 16 * dim;
+  }
   const f32_bits* key(int64_t s, int64_t g, int64_t dim) const {
-    return keys.data() + key_at[s] + g * blocks[s] * dim / 2 * 16;
+    return keys.data() + key_offset(s, g, dim);
   }
   const at::BFloat16* value(int64_t s, int64_t g, int64_t dim) const {
-    return values.data() + value_at[s] + g * blocks[s] * 16 * dim;
+    return values.data() + value_offset(s, g, dim);
   }
 };
 
@@ -248,8 +254,8 @@ Relaid relay(const Batch& bt, const std::vector<int64_t>& prefills,
       const auto [s, g, b] = units[i];
       bf16_prefill::relay_block<CH>(bt.k + g * dim, bt.v + g * dim, rows[s].data(),
                                     bt.context(s), b,
-                                    const_cast<f32_bits*>(r.key(s, g, dim)) + b * HALF * 16,
-                                    const_cast<at::BFloat16*>(r.value(s, g, dim)) + b * 16 * dim);
+                                    r.keys.data() + r.key_offset(s, g, dim) + b * HALF * 16,
+                                    r.values.data() + r.value_offset(s, g, dim) + b * 16 * dim);
     }
   });
   return r;
