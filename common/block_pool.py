@@ -3,9 +3,10 @@
 `BlockPool` owns every block id: a FIFO free list and a reference count per block. A block is free
 exactly when its count is zero. `KVCacheManager` sits on top and is what schedulers talk to: it
 grows a sequence's block table as its chunks are scheduled and frees the table when the sequence
-ends. Block tables are append-only; freeing returns tail blocks first.
+ends. Block tables are append-only; freeing returns tail blocks first. The manager keeps the only
+copy of each table (`Sequence.block_ids` reads it from here).
 
-    seq.block_ids:  [ b7 | b2 | b9 ]       block_size = 4, num_computed_tokens = 10
+    table(seq_id):  [ b7 | b2 | b9 ]       block_size = 4, num_computed_tokens = 10
     tokens:         [0..3][4..7][8,9,_,_]  the last block has 2 free slots
 
 `check_integrity()` proves the invariants; tests and idle instances call it.

@@ -3,13 +3,20 @@
 There is no prefill or decode phase field: a sequence has `num_computed_tokens` (tokens whose KV is
 in the cache) catching up with `num_tokens`. Chunked prefill schedules fewer tokens; a decode
 instance receiving a transferred prompt starts at num_computed_tokens == num_prompt_tokens.
+
+What the roles know of a sequence beyond its tokens (its gateway, deadline, predicted length) is
+its `SequenceMeta`. Its block table is not kept here: `block_ids` reads the `KVCacheManager` that
+holds the sequence's blocks, the one copy of every table.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from enum import IntEnum
 
+from common.block_pool import KVCacheManager
+from common.protocol import LengthPrediction
 from common.sampling_params import SamplingParams
 
 
@@ -32,12 +39,28 @@ FINISH_REASONS = {SequenceStatus.FINISHED_STOPPED: "stop",
                   SequenceStatus.FINISHED_ABORTED: "abort"}
 
 
+@dataclass
+class SequenceMeta:
+    """What the roles attach to a sequence: where its tokens go, when it must end, and how long
+    its output is predicted to be."""
+
+    reply_to: str = ""  # the inbox of the gateway that streams the request
+    deadline: float = 0.0  # wall clock (time.time()) after which it is dropped; 0 = none
+    arrival_wall: float = 0.0  # wall clock at the gateway (arrival_time is this process's clock)
+    # The predicted output bucket; a decode instance moves it on when the output outgrows it.
+    prediction: LengthPrediction | None = None
+    first_prediction: LengthPrediction | None = None  # as it arrived, to score the predictor
+
+    def is_past_deadline(self, wall_now: float) -> bool:
+        return bool(self.deadline) and wall_now > self.deadline
+
+
 class Sequence:
     __slots__ = (
         "arrival_time",
-        "block_ids",
-        "extra",
+        "kv",
         "max_model_len",
+        "meta",
         "num_computed_tokens",
         "num_prompt_tokens",
         "sampling",
@@ -47,17 +70,23 @@ class Sequence:
     )
 
     def __init__(self, seq_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 max_model_len: int, arrival_time: float | None = None) -> None:
+                 max_model_len: int, arrival_time: float | None = None,
+                 meta: SequenceMeta | None = None) -> None:
         self.seq_id = seq_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
         self.sampling = sampling
         self.status = SequenceStatus.WAITING
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.max_model_len = max_model_len
-        self.extra: dict = {}  # role-specific annotations (predicted bucket, timestamps)
+        self.meta = meta if meta is not None else SequenceMeta()
+        self.kv: KVCacheManager | None = None  # the block tables it is held in (set by a scheduler)
+
+    @property
+    def block_ids(self) -> list[int]:
+        """The sequence's block table, as its KV manager keeps it (empty while it holds none)."""
+        return self.kv.table(self.seq_id) if self.kv is not None else []
 
     @property
     def num_tokens(self) -> int:

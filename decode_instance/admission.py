@@ -1,8 +1,9 @@
 """Decode admission policies (TetriInfer §3.4): when may a received sequence join the batch?
 
 Pure functions of block counts and predicted lengths. A sequence's predicted output is one end of
-its predicted bucket (the lower end by default, as the paper's tests use); a running sequence
-whose real output reaches the upper end of its bucket moves on to the next bucket.
+its predicted bucket (`PredictionConfig.predicted_output`: the lower end by default, as the
+paper's tests use); a running sequence whose real output reaches the upper end of its bucket
+moves on to the next bucket.
 
 - greedy (vLLM): admit while the prompt and the next token fit in the free blocks now;
 - reserve-static: admit only if the sequence's predicted total memory (prompt + predicted output)
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.config import PredictionConfig
 from common.protocol import LengthPrediction
 from common.registry import Registry
 
@@ -31,24 +33,19 @@ class SeqView:
     prediction: LengthPrediction | None
 
 
-def predicted_output(hint: LengthPrediction | None, use_upper: bool) -> int | None:
-    if hint is None:
-        return None
-    return hint.upper if use_upper else hint.lower
-
-
-def predicted_remaining(view: SeqView, use_upper: bool) -> int | None:
-    output = predicted_output(view.prediction, use_upper)
+def predicted_remaining(view: SeqView, config: PredictionConfig) -> int | None:
+    output = config.predicted_output(view.prediction)
     if output is None:
         return None
     return max(output - view.num_output_tokens, 1)
 
 
-def migrate(hint: LengthPrediction | None, num_output_tokens: int) -> LengthPrediction | None:
+def migrate(prediction: LengthPrediction | None,
+            num_output_tokens: int) -> LengthPrediction | None:
     """Move a sequence that outgrew its bucket on to the bucket its real length is in."""
-    if hint is None or num_output_tokens < hint.upper:
-        return hint
-    width = max(hint.upper - hint.lower, 1)
+    if prediction is None or num_output_tokens < prediction.upper:
+        return prediction
+    width = max(prediction.upper - prediction.lower, 1)
     bucket = num_output_tokens // width
     return LengthPrediction(bucket, bucket * width, (bucket + 1) * width)
 
@@ -58,8 +55,8 @@ def blocks(num_tokens: int, block_size: int) -> int:
 
 
 class AdmissionPolicy:
-    def __init__(self, use_upper_end: bool = False) -> None:
-        self.use_upper = use_upper_end
+    def __init__(self, prediction: PredictionConfig = PredictionConfig()) -> None:
+        self.prediction = prediction  # which end of the predicted range a sequence is sized by
 
     def admits(self, new: SeqView, running: list[SeqView], free_blocks: int, total_blocks: int,
                block_size: int) -> bool:
@@ -73,7 +70,7 @@ ADMISSION_POLICIES.register("greedy")(AdmissionPolicy)
 @ADMISSION_POLICIES.register("reserve-static")
 class ReserveStatic(AdmissionPolicy):
     def admits(self, new, running, free_blocks, total_blocks, block_size):
-        remaining = predicted_remaining(new, self.use_upper)
+        remaining = predicted_remaining(new, self.prediction)
         if remaining is None:
             return super().admits(new, running, free_blocks, total_blocks, block_size)
         return blocks(new.num_tokens + remaining, block_size) <= free_blocks
@@ -84,7 +81,7 @@ class ReserveDynamic(AdmissionPolicy):
     def admits(self, new, running, free_blocks, total_blocks, block_size):
         if not super().admits(new, running, free_blocks, total_blocks, block_size):
             return False
-        remaining = [predicted_remaining(v, self.use_upper) for v in [*running, new]]
+        remaining = [predicted_remaining(v, self.prediction) for v in [*running, new]]
         known = [r for r in remaining if r is not None]
         if not known:
             return True
@@ -93,5 +90,6 @@ class ReserveDynamic(AdmissionPolicy):
         return need + blocks(new.num_tokens + r_min, block_size) <= total_blocks
 
 
-def make_admission(name: str, use_upper_end: bool = False) -> AdmissionPolicy:
-    return ADMISSION_POLICIES.get(name)(use_upper_end)
+def make_admission(name: str,
+                   prediction: PredictionConfig = PredictionConfig()) -> AdmissionPolicy:
+    return ADMISSION_POLICIES.get(name)(prediction)

@@ -16,8 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from common.protocol import KVChunkReady, KVTransferDone, KVTransferOffer
-from common.sequence import Sequence
+from common.sequence import Sequence, SequenceMeta
 from common.transfer import TransferJob, TransferResult, TransferStatus
+from decode_instance.admission import SeqView
 
 LEASE_MARGIN_S = 1.0  # finish reading this long before the prefill's lease expires
 
@@ -173,16 +174,38 @@ class Receiver:
 
     def _sequence(self, handoff: HandOff) -> Sequence:
         offer = handoff.offer
+        meta = SequenceMeta(reply_to=offer.reply_to, deadline=offer.deadline,
+                            prediction=offer.prediction, first_prediction=offer.prediction)
         seq = Sequence(offer.request_id, offer.token_ids[:offer.num_prompt_tokens],
-                       offer.sampling, self.ctx.runner.max_model_len)
+                       offer.sampling, self.ctx.runner.max_model_len, meta=meta)
         seq.token_ids = list(offer.token_ids)
         seq.num_computed_tokens = offer.num_cached_tokens
-        seq.block_ids = self.ctx.kv.table(offer.request_id)
-        seq.extra.update(reply_to=offer.reply_to, deadline=offer.deadline,
-                         prediction=offer.prediction, first_prediction=offer.prediction)
         return seq
 
+    def take_ready(self) -> list[Sequence]:
+        """Sequences whose KV has arrived, to join the running batch."""
+        ready, self.ready = self.ready, []
+        return ready
+
+    def take_failed(self) -> list[tuple[KVTransferOffer, str]]:
+        """Offers that ended without their KV, with the error to report to the gateway."""
+        failed, self.failed = self.failed, []
+        return failed
+
     # -- reporting -------------------------------------------------------------------------------
+    def arriving_views(self) -> list[SeqView]:
+        """Admitted sequences whose KV is still arriving, as the admission policy sees them."""
+        return [SeqView(len(h.offer.token_ids), 0, h.offer.prediction)
+                for h in self.active.values()]
+
+    def seq_ids(self) -> set[str]:
+        """Requests that own local blocks (their KV is being read into them)."""
+        return set(self.active)
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.pending or self.active)
+
     @property
     def num_pending(self) -> int:
         return len(self.pending)

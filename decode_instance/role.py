@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import time
 
+from common.engine.role import Role, RoleContext
 from common.engine.swap import attach_host_tier
-from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
 from common.protocol import (
     AbortRequest,
@@ -29,7 +29,6 @@ from common.protocol import (
     KVTransferOffer,
     LengthPrediction,
     Message,
-    TokenUpdate,
 )
 from common.schedulers.swapping import SwapSpace
 from common.transfer import TransferStatus
@@ -43,13 +42,14 @@ RECENT_ABORT_S = 60.0
 
 class DecodeRole(Role):
     name = "decode"
+    scheduler: DecodeScheduler
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.config = ctx.config.decode
         self.scheduler = DecodeScheduler(ctx.config.engine.batch, ctx.kv, self._swap_space())
         self.prediction = ctx.config.prediction
-        self.admission = make_admission(self.config.admission, self.prediction.use_upper_end)
+        self.admission = make_admission(self.config.admission, self.prediction)
         self.receiver = Receiver(ctx, self._admits)
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
         self.finished = {"heavy": 0, "light": 0}
@@ -70,9 +70,8 @@ class DecodeRole(Role):
             for dead in message.dead:
                 self.receiver.fail_from(dead)
         elif isinstance(message, GenerateRequest):  # arrived after this instance flipped
-            self.ctx.emit(message.reply_to, TokenUpdate(
-                message.request_id, finish_reason="error", error="not a prefill instance",
-                instance_id=self.ctx.instance_id, recoverable=True))
+            self.fail_request(message.reply_to, message.request_id, "not a prefill instance",
+                              recoverable=True)
 
     def _swap_space(self) -> SwapSpace | None:
         if self.config.preempt != "swap":
@@ -84,10 +83,8 @@ class DecodeRole(Role):
     def _admits(self, offer: KVTransferOffer) -> bool:
         new = SeqView(len(offer.token_ids) + (0 if offer.final else 1),
                       len(offer.token_ids) - offer.num_prompt_tokens, offer.prediction)
-        running = [SeqView(s.num_tokens, s.num_output_tokens, s.extra.get("prediction"))
-                   for s in self.scheduler.running]
-        running += [SeqView(len(h.offer.token_ids), 0, h.offer.prediction)
-                    for h in self.receiver.active.values()]  # admitted, KV still arriving
+        # admitted ones whose KV is still arriving count as running
+        running = self.scheduler.running_views() + self.receiver.arriving_views()
         kv = self.ctx.kv
         return self.admission.admits(new, running, kv.num_free_blocks, kv.num_blocks,
                                      kv.block_size)
@@ -118,61 +115,38 @@ class DecodeRole(Role):
         for result in self.ctx.transfer.poll():
             self.receiver.on_result(result)
         self.receiver.admit()
-        for seq in self.receiver.ready:
+        for seq in self.receiver.take_ready():
             self.scheduler.add_prefilled(seq)
             self.first_admit_time = self.first_admit_time or time.time()
-        self.receiver.ready.clear()
-        for offer, error in self.receiver.failed:
-            self.ctx.emit(offer.reply_to, TokenUpdate(
-                offer.request_id, finish_reason="error", error=error,
-                num_prompt_tokens=offer.num_prompt_tokens, instance_id=self.ctx.instance_id,
-                recoverable=self.recoverable))
-        self.receiver.failed.clear()
-        self._expire_deadlines(time.time())
-
-    def _expire_deadlines(self, wall_now: float) -> None:
-        for seq in list(self.scheduler.sequences.values()):
-            deadline = seq.extra.get("deadline", 0.0)
-            if deadline and wall_now > deadline:
-                self.scheduler.abort(seq.seq_id)
-                self.ctx.emit(seq.extra["reply_to"], TokenUpdate(
-                    seq.seq_id, finish_reason="error", error="request deadline exceeded",
-                    num_prompt_tokens=seq.num_prompt_tokens,
-                    num_output_tokens=seq.num_output_tokens, instance_id=self.ctx.instance_id))
+        for offer, error in self.receiver.take_failed():
+            self.fail_request(offer.reply_to, offer.request_id, error,
+                              recoverable=self.recoverable,
+                              num_prompt_tokens=offer.num_prompt_tokens)
+        self.expire_deadlines()
 
     # -- forwards ------------------------------------------------------------------------------
-    def schedule(self) -> BatchPlan:
-        return self.scheduler.schedule()
-
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
-        reply_to = {c.seq_id: self.scheduler.sequences[c.seq_id].extra["reply_to"]
-                    for c in plan.chunks if c.seq_id in self.scheduler.sequences}
-        predictions = {c.seq_id: self.scheduler.sequences[c.seq_id].extra.get("first_prediction")
-                       for c in plan.chunks if c.seq_id in self.scheduler.sequences}
-        for u in self.scheduler.update_from_output(plan, output):
-            self.ctx.emit(reply_to[u.seq_id], TokenUpdate(
-                u.seq_id, u.new_token_ids, u.finish_reason, u.num_prompt_tokens,
-                u.num_output_tokens, self.ctx.instance_id))
-            if u.finish_reason in ("stop", "length"):
-                self._finished(predictions.get(u.seq_id), u.num_output_tokens)
+        for seq, update in self.stream(plan, output):
+            if update.finish_reason in ("stop", "length"):
+                self._finished(seq.meta.first_prediction, update.num_output_tokens)
 
-    def _finished(self, hint: LengthPrediction | None, num_output_tokens: int) -> None:
+    def _finished(self, prediction: LengthPrediction | None, num_output_tokens: int) -> None:
         self.last_finish_time = time.time()
-        self.finished["heavy" if self.prediction.is_heavy(hint) else "light"] += 1
-        if hint is not None:
-            self._score(hint, num_output_tokens)
+        self.finished["heavy" if self.prediction.is_heavy(prediction) else "light"] += 1
+        if prediction is not None:
+            self._score(prediction, num_output_tokens)
 
-    def _score(self, hint: LengthPrediction, num_output_tokens: int) -> None:
+    def _score(self, prediction: LengthPrediction, num_output_tokens: int) -> None:
         """Predictor accuracy against the realized length, for /metrics."""
-        width = max(hint.upper - hint.lower, 1)
-        miss = abs(num_output_tokens // width - hint.bucket)
+        width = max(prediction.upper - prediction.lower, 1)
+        miss = abs(num_output_tokens // width - prediction.bucket)
         outcome = "exact" if miss == 0 else "within_one" if miss == 1 else "miss"
         self.ctx.count("predictions", outcome=outcome)
 
     # -- reporting -----------------------------------------------------------------------------
     def load(self) -> dict:
-        heavy = sum(1 for s in self.scheduler.running
-                    if self.prediction.is_heavy(s.extra.get("prediction")))
+        heavy = sum(1 for view in self.scheduler.running_views()
+                    if self.prediction.is_heavy(view.prediction))
         return {"num_waiting": self.receiver.num_pending,
                 "num_running": self.scheduler.num_running,
                 "num_transferring": self.receiver.num_active,
@@ -186,16 +160,12 @@ class DecodeRole(Role):
                 "last_finish_time": self.last_finish_time}
 
     def live_seq_ids(self) -> set[str]:
-        return set(self.scheduler.sequences) | set(self.receiver.active)
-
-    @property
-    def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return super().live_seq_ids() | self.receiver.seq_ids()
 
     @property
     def is_drained(self) -> bool:
-        return not (self.receiver.pending or self.receiver.active or self.scheduler.has_work)
+        return self.receiver.is_idle and not self.scheduler.has_work
 
     @property
     def wait_s(self) -> float:
-        return 0.001 if self.receiver.active else super().wait_s
+        return 0.001 if self.receiver.num_active else super().wait_s

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from common.schedulers.coupled import StallFreeScheduler
 from common.sequence import Sequence, SequenceStatus
-from decode_instance.admission import migrate
+from decode_instance.admission import SeqView, migrate
 
 
 class DecodeScheduler(StallFreeScheduler):
@@ -20,16 +20,16 @@ class DecodeScheduler(StallFreeScheduler):
     def add_prefilled(self, seq: Sequence) -> None:
         """Start decoding a sequence whose prompt KV is already in its blocks."""
         seq.status = SequenceStatus.RUNNING
-        self.sequences[seq.seq_id] = seq
+        self._track(seq)
         self.running.append(seq)
 
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
+    def running_views(self) -> list[SeqView]:
+        """The running sequences as the admission policy sees them."""
+        return [SeqView(s.num_tokens, s.num_output_tokens, s.meta.prediction)
+                for s in self.running]
 
     def update_from_output(self, plan, output):
         updates = super().update_from_output(plan, output)
         for seq in self.running:
-            if seq.extra.get("prediction") is not None:
-                seq.extra["prediction"] = migrate(seq.extra["prediction"], seq.num_output_tokens)
+            seq.meta.prediction = migrate(seq.meta.prediction, seq.num_output_tokens)
         return updates

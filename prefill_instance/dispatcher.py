@@ -71,10 +71,6 @@ class Dispatcher(ABC):
     def pick(self, seq: Sequence, decodes: list[PeerInfo]) -> PeerInfo | None:
         """The decode instance for `seq`, or None to hold it until the view changes."""
 
-    @staticmethod
-    def hint(seq: Sequence) -> LengthPrediction | None:
-        return seq.extra.get("prediction")
-
 
 @DISPATCHERS.register("round_robin")
 class RoundRobin(Dispatcher):
@@ -110,12 +106,12 @@ class PowerOfTwo(Dispatcher):
     def pick(self, seq, decodes):
         if not decodes:
             return None
-        hint = self.hint(seq)
-        needed = blocks_needed(seq, hint, self.options)
+        prediction = seq.meta.prediction
+        needed = blocks_needed(seq, prediction, self.options)
         alpha = sorted((p for p in decodes if p.num_free_blocks >= needed),
                        key=lambda p: p.instance_id)
         if len(alpha) >= 2:
-            heavy = self.options.prediction.is_heavy(hint)
+            heavy = self.options.prediction.is_heavy(prediction)
             pair = self.rng.sample(alpha, 2)
             return min(pair, key=lambda p: (*self.cost(p, heavy), -p.num_free_blocks))
         if alpha:
@@ -150,7 +146,7 @@ class Imbalance(Dispatcher):
         if not decodes:
             return None
         ordered = sorted(decodes, key=lambda p: p.instance_id)
-        if self.options.prediction.is_heavy(self.hint(seq)) or len(ordered) == 1:
+        if self.options.prediction.is_heavy(seq.meta.prediction) or len(ordered) == 1:
             return ordered[0]
         self.counter += 1
         return ordered[1 + self.counter % (len(ordered) - 1)]

@@ -4,6 +4,7 @@ A lease is the promise to keep a sequence's KV blocks until the decode instance 
 (KVTransferDone), or until the lease expires. Request-level: one KVTransferOffer when the prompt
 is done. Chunk-level: the offer goes out after the first chunk (final=False), a KVChunkReady after
 each further chunk, and a final KVChunkReady with the first token; each notice extends the lease.
+A prefilled sequence no decode instance can take yet is held until the next offer.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from common.protocol import AbortRequest, KVChunkReady, KVTransferOffer, PeerInfo
+from common.engine.role import RoleContext
+from common.protocol import AbortRequest, ClusterView, KVChunkReady, KVTransferOffer, PeerInfo
 from common.sequence import Sequence
+from prefill_instance.dispatcher import Dispatcher
 
 
 @dataclass
@@ -23,13 +26,42 @@ class Lease:
 
 
 class Handoffs:
-    def __init__(self, ctx, dispatcher) -> None:
+    def __init__(self, ctx: RoleContext, dispatcher: Dispatcher) -> None:
         self.ctx = ctx
         self.dispatcher = dispatcher
         self.lease_s = ctx.config.prefill.lease_timeout_s
         self.decodes: list[PeerInfo] = []
         self.leases: dict[str, Lease] = {}
         self.undispatched: list[Sequence] = []  # prefilled, waiting for a decode instance
+
+    def see(self, view: ClusterView) -> list[str]:
+        """Take the cluster monitor's broadcast: the decode instances to offer to from now on.
+        Leases to instances it reports dead are void; returns their request ids."""
+        self.decodes = view.decodes
+        return [request_id for dead in view.dead for request_id in self.void_to(dead)]
+
+    # -- sequences waiting for a decode instance -------------------------------------------------
+    def hold(self, seq: Sequence) -> None:
+        self.undispatched.append(seq)
+
+    def take_held(self) -> list[Sequence]:
+        held, self.undispatched = self.undispatched, []
+        return held
+
+    def drop_held(self, request_id: str) -> None:
+        self.undispatched = [s for s in self.undispatched if s.seq_id != request_id]
+
+    # -- leases ----------------------------------------------------------------------------------
+    def has_lease(self, request_id: str) -> bool:
+        return request_id in self.leases
+
+    @property
+    def num_transferring(self) -> int:
+        """Sequences handed off or waiting to be: their blocks are still held here."""
+        return len(self.leases) + len(self.undispatched)
+
+    def seq_ids(self) -> set[str]:
+        return set(self.leases) | {s.seq_id for s in self.undispatched}
 
     def offer(self, seq: Sequence, final: bool) -> PeerInfo | None:
         """Pick a decode instance and offer it the sequence's blocks; None if none is known."""
@@ -40,12 +72,12 @@ class Handoffs:
         self.ctx.send(decode.inbox, KVTransferOffer(
             request_id=seq.seq_id, token_ids=list(seq.token_ids),
             num_prompt_tokens=seq.num_prompt_tokens, sampling=seq.sampling,
-            reply_to=seq.extra["reply_to"], source_instance=self.ctx.instance_id,
+            reply_to=seq.meta.reply_to, source_instance=self.ctx.instance_id,
             source_inbox=self.ctx.inbox_address, kv_endpoint=self.ctx.transfer.endpoint,
             block_ids=list(self.ctx.kv.table(seq.seq_id)),
             num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + self.lease_s,
-            arrival_time=seq.extra["arrival_wall"], deadline=seq.extra["deadline"], final=final,
-            prediction=seq.extra.get("prediction")))
+            arrival_time=seq.meta.arrival_wall, deadline=seq.meta.deadline, final=final,
+            prediction=seq.meta.prediction))
         return decode
 
     def notify(self, seq: Sequence, final: bool) -> None:
@@ -55,7 +87,7 @@ class Handoffs:
         self.ctx.send(lease.decode.inbox, KVChunkReady(
             seq.seq_id, list(self.ctx.kv.table(seq.seq_id)), seq.num_computed_tokens, final,
             list(seq.token_ids) if final else [], lease_expires=time.time() + self.lease_s,
-            prediction=seq.extra.get("prediction")))
+            prediction=seq.meta.prediction))
 
     def release(self, request_id: str) -> Lease | None:
         return self.leases.pop(request_id, None)

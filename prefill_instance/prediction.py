@@ -1,6 +1,6 @@
 """The length predictor beside the prefill instance's main model (TetriInfer §3.3.2).
 
-Each prefilled sequence gets a predicted output bucket (`seq.extra["prediction"]`, a
+Each prefilled sequence gets a predicted output bucket (`seq.meta.prediction`, a
 LengthPrediction) before it is dispatched, for the dispatcher's heavy/light split and the decode
 instance's admission policy; `PredictionConfig` says where it comes from. Sources:
 - a trained predictor directory (`splitserve predictor train`), served by the length predictor's
@@ -9,13 +9,17 @@ instance's admission policy; `PredictionConfig` says where it comes from. Source
   token from the prefill forward itself, at no extra forward;
 - "oracle": max_tokens taken as the true length, bucketed (only meaningful for ignore-EOS
   workloads, where every request runs to max_tokens: the paper's ideal predictor).
+Without a predictor configured every method here does nothing and sequences go unpredicted.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from dataclasses import replace
 
 from common.config import PredictionConfig
+from common.plan import BatchPlan
 from common.protocol import LengthPrediction
 from common.sequence import Sequence
 
@@ -26,8 +30,9 @@ WAIT_AT_DISPATCH_S = 0.05  # a late prediction is worth this much delay, not mor
 class PrefillPredictor:
     def __init__(self, config: PredictionConfig) -> None:
         self.oracle_granularity = config.oracle_granularity
+        self.oracle = config.predictor == "oracle"
         self.service = None
-        if config.predictor != "oracle":
+        if config.predictor and not self.oracle:
             from length_predictor.serving import PredictorService, ServiceOptions
 
             self.service = PredictorService.from_directory(config.predictor,
@@ -48,33 +53,38 @@ class PrefillPredictor:
     def hidden_layers(self) -> tuple[int, ...]:
         return self.service.hidden_layers if self.wants_hidden else ()
 
+    def prepare(self, plan: BatchPlan) -> BatchPlan:
+        """The plan, asking for the hidden states the probe reads (of the last prompt token)."""
+        if not self.wants_hidden or plan.is_empty:
+            return plan
+        return replace(plan, return_hidden=True, hidden_layers=self.hidden_layers)
+
     def admit(self, seq: Sequence) -> None:
-        if self.service is None:
+        if self.oracle:
             width = self.oracle_granularity
             bucket = seq.sampling.max_tokens // width
-            seq.extra["prediction"] = LengthPrediction(bucket, bucket * width,
-                                                       (bucket + 1) * width)
-        elif not self.wants_hidden:
+            seq.meta.prediction = LengthPrediction(bucket, bucket * width, (bucket + 1) * width)
+        elif self.service is not None and not self.wants_hidden:
             self.service.submit(seq.seq_id, seq.token_ids[:seq.num_prompt_tokens])
 
-    def absorb(self, hidden: dict, sequences: dict[str, Sequence]) -> None:
-        """Attach every prediction that is ready: from this forward's hidden states (probe) or
-        from the predictor's thread (classifier)."""
+    def absorb(self, hidden: dict, find: Callable[[str], Sequence | None]) -> None:
+        """Attach every prediction that is ready, from this forward's hidden states (probe) or
+        from the predictor's thread (classifier), to its sequence (`find` looks it up)."""
         if self.service is None:
             return
         ready = self.service.from_hidden(hidden) if self.wants_hidden else self.service.poll()
         for seq_id, prediction in ready.items():
-            seq = sequences.get(seq_id)
+            seq = find(seq_id)
             if seq is not None:
-                seq.extra["prediction"] = prediction
+                seq.meta.prediction = prediction
 
     def ensure(self, seq: Sequence) -> None:
         """At dispatch: wait briefly for a prediction still being computed."""
-        if self.service is None or self.wants_hidden or "prediction" in seq.extra:
+        if self.service is None or self.wants_hidden or seq.meta.prediction is not None:
             return
         ready = self.service.wait([seq.seq_id], timeout=WAIT_AT_DISPATCH_S)
         if seq.seq_id in ready:
-            seq.extra["prediction"] = ready[seq.seq_id]
+            seq.meta.prediction = ready[seq.seq_id]
 
     def discard(self, seq_id: str) -> None:
         if self.service is not None:

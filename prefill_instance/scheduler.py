@@ -36,7 +36,7 @@ class PrefillScheduler(Scheduler):
         self._prefilled: list[Sequence] = []
 
     def add(self, seq: Sequence) -> None:
-        self.sequences[seq.seq_id] = seq
+        self._track(seq)
         self.raw.append(seq)
 
     def _drop(self, seq: Sequence) -> None:
@@ -84,6 +84,19 @@ class PrefillScheduler(Scheduler):
         """Sequences whose prompt is done; their blocks now belong to the caller."""
         taken, self._prefilled = self._prefilled, []
         return taken
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.raw or self.scheduled)
+
+    @property
+    def num_running(self) -> int:
+        """Sequences with part of their prompt computed."""
+        return sum(1 for s in self.scheduled if s.num_computed_tokens > 0)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.sequences) - self.num_running
 
     @property
     def num_queued_tokens(self) -> int:

@@ -17,23 +17,14 @@ runs them elsewhere); started ones finish here.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
+from common.engine.role import Role, RoleContext
 from common.engine.swap import HostSwapSpace
-from common.engine.worker import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
-from common.protocol import (
-    AbortRequest,
-    GenerateRequest,
-    KVTransferDone,
-    KVTransferOffer,
-    Message,
-    TokenUpdate,
-)
+from common.protocol import AbortRequest, GenerateRequest, KVTransferOffer, Message
 from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler, make_coupled_scheduler
 from common.schedulers.swapping import SwapSpace
-from common.sequence import Sequence
 
 log = logging.getLogger(__name__)
 # Policies whose design assumes a host tier get one by default (as many blocks as the device).
@@ -82,86 +73,49 @@ def build_scheduler(ctx: RoleContext, settings: CoupledSettings) -> CoupledSched
 
 class CoupledRole(Role):
     name = "coupled"
+    scheduler: CoupledScheduler
 
     def __init__(self, ctx: RoleContext) -> None:
         super().__init__(ctx)
         self.settings = CoupledSettings.from_config(ctx.config)
         self.scheduler = build_scheduler(ctx, self.settings)
         log.info("coupled role: policy %s, %d host swap blocks", self.settings.policy,
-                 self.scheduler.swap.num_blocks if self.scheduler.swap else 0)
+                 self.settings.num_host_blocks(ctx.kv.num_blocks))
 
     # -- messages --------------------------------------------------------------------------------
     def handle(self, message: Message) -> None:
         if isinstance(message, GenerateRequest):
             self._admit(message)
         elif isinstance(message, AbortRequest):
-            self.scheduler.abort(message.request_id)
+            self.discard(message.request_id, message.reason)
         elif isinstance(message, KVTransferOffer):  # meant for a decode instance
-            self.ctx.send(message.source_inbox, KVTransferDone.rejected(
-                message.request_id, "not a decode instance"))
+            self.refuse_offer(message)
 
     def _admit(self, request: GenerateRequest) -> None:
-        num_prompt = len(request.prompt_token_ids) - request.num_generated
-        seq = Sequence(request.request_id, request.prompt_token_ids[:num_prompt],
-                       request.sampling, self.ctx.runner.max_model_len)
-        seq.token_ids = list(request.prompt_token_ids)  # a recovered request resumes its output
-        seq.extra.update(reply_to=request.reply_to, deadline=request.deadline)
+        seq = self.sequence_for(request)
         if self.draining:
-            self._fail(seq, "instance is draining", recoverable=True)
-        elif self.ctx.kv.num_blocks_for(seq.num_tokens + 1) > self.ctx.kv.num_blocks:
-            self._fail(seq, "the prompt needs more KV blocks than this instance has")
-        else:
+            self.fail(seq, "instance is draining", recoverable=True)
+        elif self.fits_or_fail(seq):
             self.scheduler.add(seq)
-
-    def _fail(self, seq: Sequence, error: str, recoverable: bool = False) -> None:
-        self.ctx.emit(seq.extra["reply_to"], TokenUpdate(
-            seq.seq_id, finish_reason="error", error=error, instance_id=self.ctx.instance_id,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
-            recoverable=recoverable))
 
     def begin_drain(self) -> None:
         super().begin_drain()
-        for seq in list(self.scheduler.waiting):
-            if seq.num_computed_tokens == 0 and seq.num_output_tokens == 0:
-                self.scheduler.abort(seq.seq_id)  # nothing computed or sent: run it elsewhere
-                self._fail(seq, "instance is draining", recoverable=True)
+        for seq in self.scheduler.unstarted():
+            self.discard(seq.seq_id, "draining")  # nothing computed or sent: run it elsewhere
+            self.fail(seq, "instance is draining", recoverable=True)
 
-    # -- background work -------------------------------------------------------------------------
+    # -- background work and forwards ------------------------------------------------------------
     def poll(self) -> None:
-        wall_now = time.time()
-        for seq in list(self.scheduler.sequences.values()):
-            deadline = seq.extra.get("deadline", 0.0)
-            if deadline and wall_now > deadline:
-                self.scheduler.abort(seq.seq_id)
-                self._fail(seq, "request deadline exceeded")
-
-    # -- forwards --------------------------------------------------------------------------------
-    def schedule(self) -> BatchPlan:
-        return self.scheduler.schedule()
+        self.expire_deadlines()
 
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
-        reply_to = {c.seq_id: self.scheduler.sequences[c.seq_id].extra["reply_to"]
-                    for c in plan.chunks if c.seq_id in self.scheduler.sequences}
-        for u in self.scheduler.update_from_output(plan, output):
-            self.ctx.emit(reply_to[u.seq_id], TokenUpdate(
-                u.seq_id, u.new_token_ids, u.finish_reason, u.num_prompt_tokens,
-                u.num_output_tokens, self.ctx.instance_id))
+        self.stream(plan, output)
 
     # -- reporting -------------------------------------------------------------------------------
     def load(self) -> dict:
-        sched = self.scheduler
-        queued = sum(s.num_uncomputed_tokens for s in sched.waiting)
-        queued += sum(s.num_uncomputed_tokens for s in sched.running if not s.is_prefilled)
-        return {"num_waiting": len(sched.waiting) + len(sched.swapped),
-                "num_running": len(sched.running), "num_transferring": 0,
-                "num_queued_tokens": queued}
-
-    def live_seq_ids(self) -> set[str]:
-        return set(self.scheduler.sequences)
-
-    @property
-    def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return {"num_waiting": self.scheduler.num_waiting,
+                "num_running": self.scheduler.num_running, "num_transferring": 0,
+                "num_queued_tokens": self.scheduler.num_queued_tokens}
 
     @property
     def is_drained(self) -> bool:

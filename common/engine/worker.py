@@ -12,9 +12,9 @@ A FlipCommand makes the role drain (finish what it holds, take no new work that 
 elsewhere); once drained, the role object is replaced in place: same model, KV cache and block
 tables, no reload. The FlipReport records the drain time and the switch time (drain excluded).
 
-Roles and KV transfer backends are found by name in the `splitserve.roles` and
-`splitserve.kv_backends` entry-point groups, so this module never imports their packages; roles
-see the backend only through `common.transfer`'s interface.
+Roles (their contract: `common.engine.role`) and KV transfer backends are found by name in the
+`splitserve.roles` and `splitserve.kv_backends` entry-point groups, so this module never imports
+their packages; roles see the backend only through `common.transfer`'s interface.
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ import os
 import signal
 import time
 import uuid
-from abc import ABC, abstractmethod
-from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from importlib.metadata import entry_points
 
 import zmq
@@ -36,105 +34,13 @@ from common.config import InstanceConfig
 from common.engine.control_link import make_link
 from common.engine.metrics import InstanceMetrics, serve_http
 from common.engine.model_runner import ModelRunner
+from common.engine.role import Role, RoleContext
 from common.messaging import Inbox, Outbox
-from common.plan import BatchPlan, ModelOutput
-from common.protocol import (
-    FlipCommand,
-    FlipReport,
-    InstanceStats,
-    Message,
-    Shutdown,
-    TokenBatch,
-    TokenUpdate,
-)
+from common.protocol import FlipCommand, FlipReport, InstanceStats, Shutdown, TokenBatch
 from common.security import load_keys, stop_guard
-from common.transfer import BACKENDS, KVTransferBackend
+from common.transfer import BACKENDS
 
 log = logging.getLogger(__name__)
-IDLE_WAIT_S = 0.02
-
-
-@dataclass
-class RoleContext:
-    """What a role may use: the engine, the block tables, transfer, and message sending."""
-
-    instance_id: str
-    config: InstanceConfig
-    runner: ModelRunner
-    kv: KVCacheManager
-    transfer: KVTransferBackend
-    outbox: Outbox
-    inbox_address: str
-    metrics: InstanceMetrics | None = None
-    pending_tokens: dict[str, list[TokenUpdate]] = field(default_factory=lambda: defaultdict(list))
-
-    def count(self, name: str, amount: float = 1.0, **labels) -> None:
-        """Bump an instance counter (e.g. leases_expired); a no-op without metrics."""
-        if self.metrics is not None:
-            self.metrics.count(name, amount, **labels)
-
-    def send(self, address: str, message: Message) -> bool:
-        return self.outbox.send(address, message)
-
-    def emit(self, reply_to: str, update: TokenUpdate) -> None:
-        """Queue a token update for `reply_to`; the worker flushes once per loop turn."""
-        self.pending_tokens[reply_to].append(update)
-
-
-class Role(ABC):
-    """The active role of an instance. Subclasses register in `splitserve.roles`."""
-
-    name = "?"
-
-    def __init__(self, ctx: RoleContext) -> None:
-        self.ctx = ctx
-        self.draining = False
-
-    @abstractmethod
-    def handle(self, message: Message) -> None:
-        """React to one message from the gateway or a peer instance."""
-
-    @abstractmethod
-    def poll(self) -> None:
-        """Advance background work: transfers, dispatch, timeouts."""
-
-    @abstractmethod
-    def schedule(self) -> BatchPlan:
-        """The next forward (empty when nothing can run)."""
-
-    @abstractmethod
-    def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
-        """Absorb a forward's result and emit what it produced."""
-
-    @abstractmethod
-    def load(self) -> dict:
-        """num_waiting, num_running, num_transferring, num_queued_tokens for InstanceStats."""
-
-    @abstractmethod
-    def live_seq_ids(self) -> set[str]:
-        """Sequences that may own KV blocks right now (for the integrity check)."""
-
-    @property
-    @abstractmethod
-    def has_work(self) -> bool:
-        """True while a forward could run without a new message."""
-
-    @property
-    def wait_s(self) -> float:
-        """How long the loop may block on the inbox when there is no forward to run."""
-        return IDLE_WAIT_S
-
-    def begin_drain(self) -> None:
-        """A flip is coming: finish what is held, take no new work that can go elsewhere."""
-        self.draining = True
-
-    def close(self) -> None:
-        """Release what the role started (threads, files); the instance is stopping."""
-
-    @property
-    @abstractmethod
-    def is_drained(self) -> bool:
-        """True once nothing is held: no sequence, queue, lease or transfer."""
 
 
 def load_plugin(group: str, name: str):

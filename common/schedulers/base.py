@@ -43,9 +43,32 @@ class Scheduler(ABC):
     def _drop(self, seq: Sequence) -> None:
         """Remove a sequence from the policy's queues (it has finished or been aborted)."""
 
+    def _track(self, seq: Sequence) -> None:
+        """Hold a new sequence; its block table is the one `self.kv` keeps for it."""
+        seq.kv = self.kv
+        self.sequences[seq.seq_id] = seq
+
     @property
     def has_work(self) -> bool:
         return bool(self.sequences)
+
+    def __contains__(self, seq_id: str) -> bool:
+        return seq_id in self.sequences
+
+    def get(self, seq_id: str) -> Sequence | None:
+        return self.sequences.get(seq_id)
+
+    def seq_ids(self) -> set[str]:
+        return set(self.sequences)
+
+    def sequences_in(self, plan: BatchPlan) -> dict[str, Sequence]:
+        """The plan's sequences still held here; read before absorbing the plan's output, which
+        lets go of the sequences it finishes."""
+        return {c.seq_id: self.sequences[c.seq_id] for c in plan.chunks
+                if c.seq_id in self.sequences}
+
+    def past_deadline(self, wall_now: float) -> list[Sequence]:
+        return [s for s in self.sequences.values() if s.meta.is_past_deadline(wall_now)]
 
     def abort(self, seq_id: str) -> SequenceUpdate | None:
         seq = self.sequences.get(seq_id)
@@ -58,7 +81,6 @@ class Scheduler(ABC):
     def _finish(self, seq: Sequence) -> None:
         self._drop(seq)
         self.kv.free(seq.seq_id)
-        seq.block_ids = []
         del self.sequences[seq.seq_id]
 
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> list[SequenceUpdate]:
@@ -85,7 +107,6 @@ class Scheduler(ABC):
         blocks = self.kv.grow(seq.seq_id, start + num_tokens)
         if blocks is None:
             return None
-        seq.block_ids = blocks
         completes = start + num_tokens == seq.num_tokens
         return ScheduledChunk(seq.seq_id, seq.token_ids[start:start + num_tokens], start,
                               list(blocks), seq.sampling if completes else None,

@@ -60,7 +60,7 @@ class CoupledScheduler(Scheduler):
         self._evicted_now: set[str] = set()  # sequences preempted while building this plan
 
     def add(self, seq: Sequence) -> None:
-        self.sequences[seq.seq_id] = seq
+        self._track(seq)
         self.waiting.append(seq)
 
     def _drop(self, seq: Sequence) -> None:
@@ -70,6 +70,25 @@ class CoupledScheduler(Scheduler):
                 break
         if self.swap is not None:
             self.swap.discard(seq.seq_id)
+
+    def unstarted(self) -> list[Sequence]:
+        """Waiting sequences with nothing computed or generated yet: they can run elsewhere."""
+        return [s for s in self.waiting if s.num_computed_tokens == 0 and s.num_output_tokens == 0]
+
+    # -- load ------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_queued_tokens(self) -> int:
+        """Prompt tokens not computed yet: of waiting sequences and of partly prefilled ones."""
+        queued = sum(s.num_uncomputed_tokens for s in self.waiting)
+        return queued + sum(s.num_uncomputed_tokens for s in self.running if not s.is_prefilled)
 
     # -- plan assembly ---------------------------------------------------------------------------
     def _begin_plan(self) -> None:
@@ -98,7 +117,6 @@ class CoupledScheduler(Scheduler):
             self.swapped.append(victim)
             return
         self.kv.free(victim.seq_id)
-        victim.block_ids = []
         victim.num_computed_tokens = 0
         self.waiting.appendleft(victim)
 

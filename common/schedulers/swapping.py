@@ -70,7 +70,6 @@ class SwapSpace:
         pairs = list(zip(device, host))
         self._tables[seq.seq_id] = host
         kv.free(seq.seq_id)
-        seq.block_ids = []
         self.num_swap_outs += 1
         self.num_blocks_swapped += len(pairs)
         return pairs
@@ -92,7 +91,6 @@ class SwapSpace:
         device = kv.grow(seq.seq_id, len(host) * kv.block_size)
         if device is None:
             return None
-        seq.block_ids = device
         del self._tables[seq.seq_id]
         self._deferred.extend(host)
         self.num_swap_ins += 1

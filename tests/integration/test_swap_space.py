@@ -42,8 +42,8 @@ def _generate(runner, kv, seq, steps, before_decode=None):
         for plan in before_decode(len(tokens)) if before_decode else []:
             runner.execute(plan)
         start = seq.num_computed_tokens
-        seq.block_ids = kv.grow(seq.seq_id, seq.num_tokens)
-        chunk = ScheduledChunk(seq.seq_id, seq.token_ids[start:], start, list(seq.block_ids),
+        blocks = kv.grow(seq.seq_id, seq.num_tokens)
+        chunk = ScheduledChunk(seq.seq_id, seq.token_ids[start:], start, list(blocks),
                                GREEDY, seq.num_output_tokens)
         token = runner.execute(BatchPlan([chunk])).sampled_token_ids[seq.seq_id]
         seq.num_computed_tokens = seq.num_tokens

@@ -12,13 +12,12 @@ from common.block_pool import KVCacheManager
 from common.config import BatchConfig, EngineConfig
 from common.engine.coupled_role import CoupledRole, CoupledSettings
 from common.engine.kv_cache import KVLayout
-from common.engine.worker import RoleContext
-from common.plan import ModelOutput
+from common.engine.role import RoleContext
 from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer
 from common.sampling_params import SamplingParams
 from common.transfer import TransferStatus
 
-from unit.role_fixtures import FakeOutbox
+from unit.role_fixtures import FakeOutbox, run_turn
 
 GATEWAY = "tcp://gateway"
 REJECTED = TransferStatus.REJECTED  # a rejection's error text starts with its status
@@ -45,13 +44,8 @@ def request(request_id, num_prompt=5, max_tokens=3, deadline=0.0, num_generated=
 
 def turn(role, token=9):
     """One instance-loop turn with a fake forward; returns the updates emitted."""
-    role.poll()
-    plan = role.schedule()
-    if not plan.is_empty:
-        role.update_from_output(plan, ModelOutput(
-            {c.seq_id: token for c in plan.chunks if c.sampling is not None}))
-    updates = role.ctx.pending_tokens.pop(GATEWAY, [])
-    return [(u.request_id, u.token_ids, u.finish_reason, u.num_output_tokens) for u in updates]
+    return [(u.request_id, u.token_ids, u.finish_reason, u.num_output_tokens)
+            for u in run_turn(role, GATEWAY, token)]
 
 
 def test_requests_are_served_end_to_end_and_their_blocks_freed():
@@ -73,7 +67,7 @@ def test_abort_and_deadline_free_the_sequence():
     role.handle(request("late", max_tokens=10, deadline=time.time() + 60))
     turn(role)
     role.handle(AbortRequest("a"))
-    role.scheduler.sequences["late"].extra["deadline"] = time.time() - 1
+    role.scheduler.sequences["late"].meta.deadline = time.time() - 1
     updates = turn(role)
     assert updates == [("late", [], "error", 1)]
     assert role.ctx.kv.num_free_blocks == role.ctx.kv.num_blocks and not role.has_work

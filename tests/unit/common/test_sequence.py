@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from common.block_pool import KVCacheManager
 from common.errors import InvalidRequestError
 from common.sampling_params import SamplingParams
-from common.sequence import Sequence, SequenceStatus
+from common.sequence import Sequence, SequenceMeta, SequenceStatus
 
 
 def test_stop_conditions():
@@ -36,3 +37,20 @@ def test_context_limit_finishes_with_length():
 def test_invalid_sampling_params(bad):
     with pytest.raises(InvalidRequestError):
         SamplingParams(**bad).validate()
+
+
+def test_block_ids_read_the_table_the_kv_manager_keeps():
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    s = Sequence("a", [1, 2, 3, 4, 5], SamplingParams(), max_model_len=100)
+    assert s.block_ids == []  # held by no scheduler yet
+    s.kv = kv
+    kv.grow("a", 5)
+    assert s.block_ids == kv.table("a") and len(s.block_ids) == 2
+    kv.free("a")
+    assert s.block_ids == []
+
+
+def test_meta_deadline_zero_means_none():
+    assert SequenceMeta(deadline=100.0).is_past_deadline(100.5)
+    assert not SequenceMeta(deadline=100.0).is_past_deadline(99.0)
+    assert not SequenceMeta().is_past_deadline(1e12)

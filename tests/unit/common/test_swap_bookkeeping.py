@@ -13,7 +13,8 @@ from common.sequence import SequenceStatus
 
 def prefilled(kv, seq_id, num_tokens):
     s = seq(seq_id, num_tokens)
-    s.block_ids = kv.grow(seq_id, num_tokens)
+    kv.grow(seq_id, num_tokens)
+    s.kv = kv  # its block table is the one kv keeps
     s.num_computed_tokens = num_tokens
     return s
 

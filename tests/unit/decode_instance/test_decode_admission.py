@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.config import PredictionConfig
 from common.protocol import LengthPrediction
 from decode_instance.admission import SeqView, make_admission, migrate
 
@@ -22,7 +23,7 @@ def test_reserve_static_needs_the_predicted_total_now():
     new = view(32, lower=200)  # (32 + 200) / 16 -> 15 blocks
     assert rs.admits(new, [], free_blocks=15, total_blocks=100, block_size=16)
     assert not rs.admits(new, [], free_blocks=14, total_blocks=100, block_size=16)
-    upper = make_admission("reserve-static", use_upper_end=True)
+    upper = make_admission("reserve-static", PredictionConfig(use_upper_end=True))
     assert not upper.admits(new, [], free_blocks=15, total_blocks=100, block_size=16)
     assert rs.admits(view(32), [], free_blocks=3, total_blocks=100, block_size=16)  # no hint
 

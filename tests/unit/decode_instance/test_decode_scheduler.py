@@ -22,7 +22,6 @@ def received(sched, seq_id, prompt_len, first_token=100, max_tokens=8):
     s.num_prompt_tokens = prompt_len
     s.num_computed_tokens = prompt_len
     assert sched.kv.grow(seq_id, prompt_len + 1) is not None
-    s.block_ids = sched.kv.table(seq_id)
     sched.add_prefilled(s)
     return s
 
@@ -88,7 +87,6 @@ def test_stop_token_finishes_and_frees():
                  max_model_len=1000, arrival_time=0.0)
     s.num_prompt_tokens = s.num_computed_tokens = 3
     sched.kv.grow("a", 4)
-    s.block_ids = sched.kv.table("a")
     sched.add_prefilled(s)
     updates = step(sched, sched.schedule(), token=2)
     assert updates[0].finish_reason == "stop"

@@ -29,7 +29,7 @@ def peer(name, free=100, heavy=0, light=0, running=0):
 def seq(prompt=100, predicted=None):
     s = Sequence("s", list(range(prompt)), SamplingParams(), max_model_len=4096)
     if predicted is not None:
-        s.extra["prediction"] = LengthPrediction(predicted // 200, predicted, predicted + 200)
+        s.meta.prediction = LengthPrediction(predicted // 200, predicted, predicted + 200)
     return s
 
 

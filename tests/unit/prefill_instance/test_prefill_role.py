@@ -10,7 +10,7 @@ import torch
 from common.block_pool import KVCacheManager
 from common.config import EngineConfig, PredictionConfig, PrefillConfig, TransferConfig
 from common.engine.kv_cache import KVLayout
-from common.engine.worker import RoleContext
+from common.engine.role import RoleContext
 from common.plan import ModelOutput
 from common.protocol import GenerateRequest, KVTransferDone, KVTransferOffer, PeerInfo
 from common.sampling_params import SamplingParams

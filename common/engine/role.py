@@ -1,0 +1,186 @@
+"""The role contract of an instance, and what every role does the same way.
+
+A role (prefill, decode, coupled) is the part of an instance that changes on a flip: it reacts to
+messages, drives one scheduler over the instance's block tables, and streams tokens to gateways.
+`RoleContext` is what it may use; `Role` is the base every role extends. Written once here:
+- a Sequence made from a GenerateRequest (a recovered request resumes its output);
+- failing a request: one error event to its gateway (`recoverable` when no output was lost);
+- dropping the sequences past their deadline;
+- streaming a forward's results: each scheduler `SequenceUpdate` becomes the `TokenUpdate` its
+  gateway reads.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from common.block_pool import KVCacheManager
+from common.config import InstanceConfig
+from common.engine.metrics import InstanceMetrics
+from common.messaging import Outbox
+from common.plan import BatchPlan, ModelOutput
+from common.protocol import GenerateRequest, KVTransferDone, KVTransferOffer, Message, TokenUpdate
+from common.schedulers.base import Scheduler, SequenceUpdate
+from common.sequence import Sequence, SequenceMeta
+from common.transfer import KVTransferBackend
+
+if TYPE_CHECKING:  # the runner brings torch; only its type is needed here
+    from common.engine.model_runner import ModelRunner
+
+IDLE_WAIT_S = 0.02
+
+
+@dataclass
+class RoleContext:
+    """What a role may use: the engine, the block tables, transfer, and message sending."""
+
+    instance_id: str
+    config: InstanceConfig
+    runner: ModelRunner
+    kv: KVCacheManager
+    transfer: KVTransferBackend
+    outbox: Outbox
+    inbox_address: str
+    metrics: InstanceMetrics | None = None
+    pending_tokens: dict[str, list[TokenUpdate]] = field(default_factory=lambda: defaultdict(list))
+
+    def count(self, name: str, amount: float = 1.0, **labels) -> None:
+        """Bump an instance counter (e.g. leases_expired); a no-op without metrics."""
+        if self.metrics is not None:
+            self.metrics.count(name, amount, **labels)
+
+    def send(self, address: str, message: Message) -> bool:
+        return self.outbox.send(address, message)
+
+    def emit(self, reply_to: str, update: TokenUpdate) -> None:
+        """Queue a token update for `reply_to`; the worker flushes once per loop turn."""
+        self.pending_tokens[reply_to].append(update)
+
+
+class Role(ABC):
+    """The active role of an instance. Subclasses register in `splitserve.roles` and set
+    `self.scheduler`, the scheduler that plans their forwards."""
+
+    name = "?"
+    scheduler: Scheduler
+
+    def __init__(self, ctx: RoleContext) -> None:
+        self.ctx = ctx
+        self.draining = False
+
+    @abstractmethod
+    def handle(self, message: Message) -> None:
+        """React to one message from the gateway or a peer instance."""
+
+    @abstractmethod
+    def poll(self) -> None:
+        """Advance background work: transfers, dispatch, timeouts."""
+
+    def schedule(self) -> BatchPlan:
+        """The next forward (empty when nothing can run)."""
+        return self.scheduler.schedule()
+
+    @abstractmethod
+    def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> None:
+        """Absorb a forward's result and emit what it produced."""
+
+    @abstractmethod
+    def load(self) -> dict:
+        """num_waiting, num_running, num_transferring, num_queued_tokens for InstanceStats."""
+
+    def live_seq_ids(self) -> set[str]:
+        """Sequences that may own KV blocks right now (for the integrity check)."""
+        return self.scheduler.seq_ids()
+
+    @property
+    def has_work(self) -> bool:
+        """True while a forward could run without a new message."""
+        return self.scheduler.has_work
+
+    @property
+    def wait_s(self) -> float:
+        """How long the loop may block on the inbox when there is no forward to run."""
+        return IDLE_WAIT_S
+
+    def begin_drain(self) -> None:
+        """A flip is coming: finish what is held, take no new work that can go elsewhere."""
+        self.draining = True
+
+    def close(self) -> None:
+        """Release what the role started (threads, files); the instance is stopping."""
+
+    @property
+    @abstractmethod
+    def is_drained(self) -> bool:
+        """True once nothing is held: no sequence, queue, lease or transfer."""
+
+    # -- requests in, errors out -----------------------------------------------------------------
+    def sequence_for(self, request: GenerateRequest) -> Sequence:
+        """The request as a sequence; a recovered request resumes with the tokens it had already
+        generated counted as output."""
+        num_prompt = len(request.prompt_token_ids) - request.num_generated
+        seq = Sequence(request.request_id, request.prompt_token_ids[:num_prompt],
+                       request.sampling, self.ctx.runner.max_model_len,
+                       meta=SequenceMeta(request.reply_to, request.deadline,
+                                         request.arrival_time))
+        seq.token_ids = list(request.prompt_token_ids)
+        return seq
+
+    def fits_or_fail(self, seq: Sequence) -> bool:
+        """Whether the sequence (and its next token) fits in this instance's KV cache at all;
+        fails it when it does not."""
+        if self.ctx.kv.num_blocks_for(seq.num_tokens + 1) <= self.ctx.kv.num_blocks:
+            return True
+        self.fail(seq, "the prompt needs more KV blocks than this instance has")
+        return False
+
+    def fail(self, seq: Sequence, error: str, recoverable: bool = False) -> None:
+        """End the sequence's request with an error event to its gateway."""
+        self.fail_request(seq.meta.reply_to, seq.seq_id, error, recoverable=recoverable,
+                          num_prompt_tokens=seq.num_prompt_tokens,
+                          num_output_tokens=seq.num_output_tokens)
+
+    def fail_request(self, reply_to: str, request_id: str, error: str, *,
+                     recoverable: bool = False, num_prompt_tokens: int = 0,
+                     num_output_tokens: int = 0) -> None:
+        """End a request this role holds no sequence for (yet) with an error event."""
+        self.ctx.emit(reply_to, TokenUpdate(
+            request_id, finish_reason="error", error=error, instance_id=self.ctx.instance_id,
+            num_prompt_tokens=num_prompt_tokens, num_output_tokens=num_output_tokens,
+            recoverable=recoverable))
+
+    def refuse_offer(self, offer: KVTransferOffer) -> None:
+        """A KV offer reached an instance that does not decode (it flipped): the prefill
+        instance offers the blocks elsewhere."""
+        self.ctx.send(offer.source_inbox, KVTransferDone.rejected(
+            offer.request_id, "not a decode instance"))
+
+    # -- deadlines -------------------------------------------------------------------------------
+    def expire_deadlines(self, error: str = "request deadline exceeded") -> None:
+        """Drop and fail every sequence of the scheduler that is past its deadline."""
+        for seq in self.scheduler.past_deadline(time.time()):
+            self.discard(seq.seq_id, "deadline")
+            self.fail(seq, error)
+
+    def discard(self, seq_id: str, reason: str) -> None:
+        """Forget a sequence nobody waits for any more and free its blocks."""
+        self.scheduler.abort(seq_id)
+
+    # -- streaming -------------------------------------------------------------------------------
+    def token_update(self, update: SequenceUpdate) -> TokenUpdate:
+        return TokenUpdate(update.seq_id, update.new_token_ids, update.finish_reason,
+                           update.num_prompt_tokens, update.num_output_tokens,
+                           self.ctx.instance_id)
+
+    def stream(self, plan: BatchPlan, output: ModelOutput) -> list[tuple[Sequence, SequenceUpdate]]:
+        """Absorb a forward into the scheduler and send each sequence's new tokens to its
+        gateway. Returns the (sequence, update) pairs, finished sequences included."""
+        held = self.scheduler.sequences_in(plan)
+        updates = self.scheduler.update_from_output(plan, output)
+        for u in updates:
+            self.ctx.emit(held[u.seq_id].meta.reply_to, self.token_update(u))
+        return [(held[u.seq_id], u) for u in updates]
