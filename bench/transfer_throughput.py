@@ -204,7 +204,7 @@ def transfer_once(reader, job, timeout_s: float):
 def measure_point(reader, endpoint: str, layout, ids: tuple[list[int], list[int]],
                   options: ThroughputOptions) -> dict:
     """Warm-up plus `repeats` reads of the same blocks; returns first and median seconds."""
-    from kv_transfer.base import TransferJob
+    from common.transfer import TransferJob
 
     remote, local = ids
 

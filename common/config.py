@@ -4,7 +4,8 @@ Nothing here reads the environment or the command line; `control_plane.cli` does
 these objects. Values discovered at run time (the number of KV blocks that fit, the model's shape)
 are returned as their own objects by the code that discovers them, never written back here. A
 config crosses a process boundary as JSON (`config_to_json`, `config_from_json`): `splitserve up`
-hands each instance process its InstanceConfig that way.
+hands each instance process its InstanceConfig that way. Plug-in names are checked against their
+registries (`common.plugins`, which lists names without importing any plug-in).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, get_type_hints
 
 import msgspec
+
+from common.plugins import ADMISSION_POLICIES, PREFILL_POLICIES
 
 if TYPE_CHECKING:
     from common.protocol import LengthPrediction
@@ -113,9 +116,6 @@ class EngineConfig:
         return replace(self, model=replace(self.model, **changes))
 
 
-PREFILL_POLICIES = ("fcfs", "sjf", "ljf")
-
-
 @dataclass(frozen=True)
 class PrefillConfig:
     """The prefill role (TetriInfer §3.3)."""
@@ -126,11 +126,11 @@ class PrefillConfig:
     chunk_size: int = 0
     pad_last_chunk: bool = False  # zero-pad a short chunk up to ChunkSize, as the paper does
     lease_timeout_s: float = 30.0  # how long blocks wait for a decode instance to take them
-    dispatch_policy: str = "power_of_two"  # prefill_instance.dispatcher registry
+    dispatch_policy: str = "power_of_two"  # a DISPATCH_POLICIES name (prefill_instance.dispatcher)
 
     def __post_init__(self) -> None:
         _require(self.policy in PREFILL_POLICIES, f"prefill policy must be one of "
-                                                  f"{PREFILL_POLICIES}, got {self.policy!r}")
+                 f"{', '.join(PREFILL_POLICIES)}, got {self.policy!r}")
         _require(self.sched_batch > 0, "PrefillSchedBatch must be > 0")
         _require(self.chunk_size >= 0, "ChunkSize must be >= 0")
         _require(self.lease_timeout_s > 0, "lease timeout must be > 0")
@@ -140,14 +140,14 @@ class PrefillConfig:
 class DecodeConfig:
     """The decode role (TetriInfer §3.4)."""
 
-    admission: str = "greedy"  # greedy | reserve-static | reserve-dynamic
+    admission: str = "greedy"  # an ADMISSION_POLICIES name: greedy, reserve-static, ...
     preempt: str = "recompute"  # when memory runs out anyway: recompute or swap (host tier)
     swap_blocks: int | None = None  # host blocks for swap; None = as many as the device has
     swap_bandwidth: float | None = None  # emulated host-swap bandwidth, bytes/s
 
     def __post_init__(self) -> None:
-        _require(self.admission in ("greedy", "reserve-static", "reserve-dynamic"),
-                 f"unknown decode admission policy {self.admission!r}")
+        _require(self.admission in ADMISSION_POLICIES, f"unknown decode admission policy "
+                 f"{self.admission!r}; known: {', '.join(ADMISSION_POLICIES)}")
         _require(self.preempt in ("recompute", "swap"),
                  f"preempt must be recompute or swap, got {self.preempt!r}")
 

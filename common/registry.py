@@ -9,7 +9,7 @@ imports an implementation (a CLI can offer every backend's name without loading 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -64,8 +64,16 @@ class Registry(Generic[T]):
         """Every implementation, imported now (e.g. so a later switch only constructs one)."""
         return {name: self.get(name) for name in self.names()}
 
+    def unregister(self, name: str) -> None:
+        """Forget a name given to `register` (a test's throwaway plug-in)."""
+        self._items.pop(name, None)
+
     def __contains__(self, name: str) -> bool:
         return name in self._items or name in self._entry_points()
+
+    def __iter__(self) -> Iterator[str]:
+        """The names, so that a registry serves as argparse `choices`."""
+        return iter(self.names())
 
     def names(self) -> list[str]:
         return sorted({*self._items, *self._entry_points()})

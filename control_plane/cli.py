@@ -15,11 +15,13 @@ from dataclasses import replace
 
 from common.config import ConfigError, InstanceConfig, config_from_json
 from common.errors import SplitserveError
+from common.plugins import ROLES
 from control_plane.cli_args import (
     CACHE_ENV,
     add_engine_args,
     add_gateway_args,
     add_instance_args,
+    add_plugin_arg,
     add_store_args,
     cluster_instance_config,
     engine_config,
@@ -103,8 +105,7 @@ def _cmd_instance(args: argparse.Namespace) -> int:
 
 def _add_instance(sub) -> None:
     p = sub.add_parser("instance", help="one prefill, decode or coupled instance process")
-    p.add_argument("--role", default=None,
-                   help="prefill, decode or coupled (required unless --config-json)")
+    add_plugin_arg(p, "--role", ROLES, None, "the role (required unless --config-json)")
     p.add_argument("--config-json", default=None, metavar="JSON",
                    help="the whole instance config as JSON (common.config.InstanceConfig), as "
                         "`splitserve up` passes it; no other instance flag goes with it")
@@ -217,8 +218,16 @@ def _add_predictor(sub) -> None:
         action.set_defaults(handler=getattr(predictor_cli, run_name))
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Bad flags end in one line naming the problem (argparse's default prints the whole usage
+    first, dozens of lines once every registry lists its names)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="splitserve", description=__doc__.split("\n")[0])
+    parser = _OneLineErrors(prog="splitserve", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in _COMMANDS:

@@ -2,7 +2,9 @@
 
 Only the CLI parses arguments; these functions turn the parsed flags into the frozen config tree
 (common.config). The environment variables the project reads are all here: where converted
-weights are cached, and API keys (kept out of the command line, which `ps` shows).
+weights are cached, and API keys (kept out of the command line, which `ps` shows). A flag that
+names a plug-in takes any name its registry knows (common.plugins: names only, no plug-in is
+imported), and its help and error list them.
 """
 
 from __future__ import annotations
@@ -27,9 +29,27 @@ from common.config import (
     PrefillConfig,
     TransferConfig,
 )
+from common.plugins import (
+    ADMISSION_POLICIES,
+    COUPLED_POLICIES,
+    DISPATCH_POLICIES,
+    FLIP_POLICIES,
+    PREFILL_POLICIES,
+)
+from common.registry import Registry
+from common.transfer import BACKENDS
 
 CACHE_ENV = "SPLITSERVE_CACHE"
 API_KEY_ENV = "SPLITSERVE_API_KEY"
+
+
+def add_plugin_arg(group, flag: str, registry: Registry, default: str | None,
+                   help_text: str) -> None:
+    """A flag that takes a name registered in `registry`; argparse refuses any other, listing
+    the registered ones."""
+    default_text = "" if default is None else " (default: %(default)s)"
+    group.add_argument(flag, default=default, choices=registry, metavar="NAME",
+                       help=f"{help_text}: %(choices)s{default_text}")
 
 
 def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 512) -> None:
@@ -75,9 +95,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("instance")
-    group.add_argument("--transfer", default="tcp",
-                       help="KV transfer backend: tcp, shm (same host), ucx (needs ucxx/ucx-py), "
-                            "cuda_ipc (same-host GPUs)")
+    add_plugin_arg(group, "--transfer", BACKENDS, "tcp", "KV transfer backend")
     group.add_argument("--transfer-timeout", type=float, default=30.0)
     group.add_argument("--transfer-granularity", default="request", choices=["request", "chunk"],
                        help="hand KV over when the prompt is done, or chunk by chunk")
@@ -93,16 +111,16 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="count this many bytes per token (OPT-13B: 819200); 0 = real bytes")
     group.add_argument("--report-interval", type=float, default=0.1,
                        help="seconds between load reports")
-    group.add_argument("--prefill-policy", default="sjf", choices=["fcfs", "sjf", "ljf"])
+    add_plugin_arg(group, "--prefill-policy", PREFILL_POLICIES, "sjf",
+                   "order of the prefill scheduled queue")
     group.add_argument("--prefill-sched-batch", type=int, default=16, help="PrefillSchedBatch")
     group.add_argument("--chunk-size", type=int, default=0,
                        help="ChunkSize (0 = the knee recorded by `splitserve profile`)")
     group.add_argument("--pad-chunks", action="store_true",
                        help="zero-pad the last prefill chunk to ChunkSize")
     group.add_argument("--lease-timeout", type=float, default=30.0)
-    group.add_argument("--dispatch-policy", default="power_of_two",
-                       choices=["power_of_two", "power_of_two_ratio", "random", "round_robin",
-                                "least_loaded", "imbalance"])
+    add_plugin_arg(group, "--dispatch-policy", DISPATCH_POLICIES, "power_of_two",
+                   "how a prefill instance picks the decode instance")
     group.add_argument("--heavy-threshold", type=int, default=128,
                        help="predicted output tokens above which a decode is heavy")
     group.add_argument("--use-upper-end", action="store_true",
@@ -113,8 +131,8 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--predictor-mode", default="parallel", choices=["parallel",
                                                                         "sequential"])
     group.add_argument("--oracle-granularity", type=int, default=200)
-    group.add_argument("--decode-admission", default="greedy",
-                       choices=["greedy", "reserve-static", "reserve-dynamic"])
+    add_plugin_arg(group, "--decode-admission", ADMISSION_POLICIES, "greedy",
+                   "when a decode instance admits a received sequence")
     group.add_argument("--decode-preempt", default="recompute", choices=["recompute", "swap"])
     group.add_argument("--decode-swap-blocks", type=int, default=None)
     group.add_argument("--decode-swap-bandwidth", type=float, default=None,
@@ -125,8 +143,7 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="during a forward the last load report is repeated for at most "
                             "this long; a loop stuck longer goes silent and is declared dead")
     coupled = parser.add_argument_group("coupled role (co-located baselines)")
-    coupled.add_argument("--policy", default="sarathi",
-                         help="vllm, orca, sarathi, chunked-only, hybrid-only, fastserve")
+    add_plugin_arg(coupled, "--policy", COUPLED_POLICIES, "sarathi", "co-located policy")
     coupled.add_argument("--swap-blocks", type=int, default=None,
                          help="host KV blocks for swapping (default: the policy's choice)")
     coupled.add_argument("--swap-bandwidth", type=float, default=None,
@@ -154,7 +171,7 @@ def cluster_instance_config(args: argparse.Namespace) -> InstanceConfig:
     return InstanceConfig(
         engine=engine_config(args), report_interval_s=args.report_interval,
         store_url=args.redis, store_prefix=args.store_prefix, heartbeat_ttl_s=args.heartbeat_ttl,
-        stall_timeout_s=args.stall_timeout, coupled_policy=known_policy(args.policy),
+        stall_timeout_s=args.stall_timeout, coupled_policy=args.policy,
         cluster_secret_file=args.cluster_secret_file,
         coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
         coupled_options=key_values(args.policy_option, "--policy-option"),
@@ -218,8 +235,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--request-timeout", type=float, default=600.0)
     group.add_argument("--token-timeout", type=float, default=60.0)
     group.add_argument("--gateway-id", default="", help="unique per gateway replica")
-    group.add_argument("--flip-policy", default="none",
-                       help="transition watcher: none, idle, load-ratio, queue-delay")
+    add_plugin_arg(group, "--flip-policy", FLIP_POLICIES, "none", "transition watcher policy")
     group.add_argument("--flip-option", action="append", default=[], metavar="KEY=VALUE",
                        help="transition watcher knob, e.g. cooldown_s=10, sustain_ticks=3, "
                             "idle_s=60, ratio=3 (repeatable)")
@@ -259,14 +275,6 @@ def key_values(pairs: list[str], flag: str) -> tuple[tuple[str, float], ...]:
         except ValueError:
             raise ConfigError(f"{flag} expects KEY=NUMBER, got {pair!r}") from None
     return tuple(options)
-
-
-def known_policy(name: str) -> str:
-    from common.schedulers.coupled import COUPLED_POLICIES
-
-    if name not in COUPLED_POLICIES:
-        raise ConfigError(f"unknown policy {name!r}; known: {', '.join(COUPLED_POLICIES.names())}")
-    return name
 
 
 def _api_keys(args: argparse.Namespace) -> tuple[str, ...]:

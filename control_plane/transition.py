@@ -11,7 +11,8 @@ Policies are pure functions of a snapshot of the pools (TetriInfer §3.5):
 
 Hysteresis keeps the cluster from oscillating: a condition must hold for `sustain_ticks`
 consecutive checks, no flip starts within `cooldown_s` of the last one or while one is in
-flight, and neither pool is ever emptied.
+flight, and neither pool is ever emptied. Policies are found by name in
+`common.plugins.FLIP_POLICIES` (entry points `splitserve.flip_policies`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from common.config import ConfigError
+from common.plugins import FLIP_POLICIES
 from common.protocol import InstanceStats
-from common.registry import Registry
-
-FLIP_POLICIES: Registry[type[FlipPolicy]] = Registry("flip policy")
 
 
 @dataclass(frozen=True)
@@ -62,13 +61,11 @@ class FlipPolicy(ABC):
         """A flip the snapshot calls for, or None."""
 
 
-@FLIP_POLICIES.register("none")
 class NeverFlip(FlipPolicy):
     def decide(self, snapshot):
         return None
 
 
-@FLIP_POLICIES.register("idle")
 class IdlePolicy(FlipPolicy):
     def __init__(self, idle_s: float = 60.0) -> None:
         self.idle_s = idle_s
@@ -89,7 +86,6 @@ class IdlePolicy(FlipPolicy):
         return None
 
 
-@FLIP_POLICIES.register("load-ratio")
 class LoadRatioPolicy(FlipPolicy):
     def __init__(self, ratio: float = 3.0, prefill_capacity_tokens: float = 2048.0,
                  decode_capacity_seqs: float = 32.0, min_load: float = 0.25) -> None:
@@ -115,7 +111,6 @@ class LoadRatioPolicy(FlipPolicy):
         return None
 
 
-@FLIP_POLICIES.register("queue-delay")
 class QueueDelayPolicy(FlipPolicy):
     def __init__(self, ttft_target_s: float = 1.0, decode_capacity_seqs: float = 32.0) -> None:
         self.target, self.decode_capacity = ttft_target_s, decode_capacity_seqs

@@ -12,7 +12,8 @@ moves on to the next bucket.
   shortest predicted remaining length finishes: with r_min that length,
       sum_running blocks(tokens + r_min) + blocks(new tokens + r_min) <= total blocks.
 
-Without a prediction every policy falls back to greedy for that sequence.
+Without a prediction every policy falls back to greedy for that sequence. Policies are found by
+name in `common.plugins.ADMISSION_POLICIES` (entry points `splitserve.admission_policies`).
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.config import PredictionConfig
+from common.plugins import ADMISSION_POLICIES
 from common.protocol import LengthPrediction
-from common.registry import Registry
-
-ADMISSION_POLICIES: Registry[type[AdmissionPolicy]] = Registry("decode admission policy")
 
 
 @dataclass(frozen=True)
@@ -55,6 +54,8 @@ def blocks(num_tokens: int, block_size: int) -> int:
 
 
 class AdmissionPolicy:
+    """Greedy admission (entry point `greedy`), and the base of the other policies."""
+
     def __init__(self, prediction: PredictionConfig = PredictionConfig()) -> None:
         self.prediction = prediction  # which end of the predicted range a sequence is sized by
 
@@ -64,10 +65,6 @@ class AdmissionPolicy:
         return blocks(new.num_tokens + 1, block_size) <= free_blocks
 
 
-ADMISSION_POLICIES.register("greedy")(AdmissionPolicy)
-
-
-@ADMISSION_POLICIES.register("reserve-static")
 class ReserveStatic(AdmissionPolicy):
     def admits(self, new, running, free_blocks, total_blocks, block_size):
         remaining = predicted_remaining(new, self.prediction)
@@ -76,7 +73,6 @@ class ReserveStatic(AdmissionPolicy):
         return blocks(new.num_tokens + remaining, block_size) <= free_blocks
 
 
-@ADMISSION_POLICIES.register("reserve-dynamic")
 class ReserveDynamic(AdmissionPolicy):
     def admits(self, new, running, free_blocks, total_blocks, block_size):
         if not super().admits(new, running, free_blocks, total_blocks, block_size):

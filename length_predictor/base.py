@@ -1,8 +1,9 @@
 """The interface every predictor kind implements, its saved metadata, and loading by kind.
 
 A predictor maps prompts (target-model token ids) to a length bucket (`length_predictor.buckets`).
-Kinds register in `PREDICTORS`; `load_predictor(dir)` reads `predictor.json` and lets the kind
-load the rest of the directory. No torch here: kinds import it themselves.
+Kinds are found by name in `common.plugins.PREDICTORS` (entry points `splitserve.predictors`);
+`load_predictor(dir)` reads `predictor.json` and lets the kind load the rest of the directory. No
+torch here: kinds import it themselves, when their name is first asked for.
 
     DIR/predictor.json    PredictorMeta: kind, granularity, cap, cutting limit, target, provenance
     DIR/...               the kind's own files (a transformers checkpoint, a probe state dict)
@@ -10,7 +11,6 @@ load the rest of the directory. No torch here: kinds import it themselves.
 
 from __future__ import annotations
 
-import importlib
 import json
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
@@ -18,16 +18,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from common.errors import InvalidRequestError
+from common.plugins import PREDICTORS
 from common.protocol import LengthPrediction
-from common.registry import Registry
 from length_predictor.buckets import Bucketing
 
 PREDICTOR_FILE = "predictor.json"
 DEFAULT_MAX_INPUT_TOKENS = 512  # TetriInfer's cutting limit for the predictor's inputs
-
-# Kinds register when their module is imported; loading by name imports the module first.
-KIND_MODULES = {"classifier": "length_predictor.classifier", "probe": "length_predictor.probe"}
-PREDICTORS: Registry[type[LengthPredictor]] = Registry("length predictor kind")
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,7 @@ def cut_prompt(token_ids: list[int], limit: int) -> list[int]:
 class LengthPredictor(ABC):
     """Predicts the output-length bucket of prompts, given as target-model token ids.
 
-    Implementations set `kind` and register with `@PREDICTORS.register(kind)`. A kind that reads
+    Implementations set `kind` and are registered under it (an entry point). A kind that reads
     the target model's own prefill hidden states sets `uses_hidden_states` and implements
     `predict_hidden`, so serving can predict from the main model's forward at no extra cost.
     """
@@ -157,10 +153,9 @@ def read_meta(directory: Path | str) -> PredictorMeta:
 
 
 def predictor_class(kind: str) -> type[LengthPredictor]:
-    if kind not in KIND_MODULES:
+    if kind not in PREDICTORS:
         raise InvalidRequestError(f"unknown predictor kind {kind!r}; known: "
-                                  f"{', '.join(sorted(KIND_MODULES))}")
-    importlib.import_module(KIND_MODULES[kind])
+                                  f"{', '.join(PREDICTORS.names())}")
     return PREDICTORS.get(kind)
 
 

@@ -26,7 +26,6 @@ import torch
 from common.engine.cpu_features import default_cpu_dtype
 from common.errors import InvalidRequestError, ModelLoadError
 from length_predictor.base import (
-    PREDICTORS,
     LengthPredictor,
     LoadOptions,
     PredictorMeta,
@@ -175,7 +174,6 @@ def _copy_tokenizer(src: Path, dst: Path) -> None:
             shutil.copy(src / name, dst / name)
 
 
-@PREDICTORS.register("classifier")
 class ClassifierPredictor(LengthPredictor):
     kind = "classifier"
 

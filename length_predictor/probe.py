@@ -23,7 +23,7 @@ from torch import nn
 from common.config import CacheConfig, EngineConfig, ModelConfig
 from common.errors import InvalidRequestError
 from common.protocol import LengthPrediction
-from length_predictor.base import PREDICTORS, LengthPredictor, LoadOptions, PredictorMeta
+from length_predictor.base import LengthPredictor, LoadOptions, PredictorMeta
 
 WEIGHTS_FILE = "probe.pt"
 
@@ -161,7 +161,6 @@ def train_ensemble(features: torch.Tensor, labels: torch.Tensor, num_buckets: in
                       "train_accuracy": round(train_accuracy, 4)}
 
 
-@PREDICTORS.register("probe")
 class ProbePredictor(LengthPredictor):
     kind = "probe"
     uses_hidden_states = True

@@ -16,6 +16,8 @@ instances, a longer total decoding time than random placement; docs/reproduction
 
 For comparison: `random`, `round_robin`, `least_loaded` (most free blocks, then fewest
 running), and `imbalance` (every heavy decode to the same instance: the paper's worst case).
+Policies are found by name in `common.plugins.DISPATCH_POLICIES` (entry points
+`splitserve.dispatch_policies`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,7 @@ from dataclasses import dataclass, field
 
 from common.config import PredictionConfig
 from common.protocol import LengthPrediction, PeerInfo
-from common.registry import Registry
 from common.sequence import Sequence
-
-DISPATCHERS: Registry[type[Dispatcher]] = Registry("dispatch policy")
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,6 @@ class Dispatcher(ABC):
         """The decode instance for `seq`, or None to hold it until the view changes."""
 
 
-@DISPATCHERS.register("round_robin")
 class RoundRobin(Dispatcher):
     def __init__(self, options: DispatchOptions = DispatchOptions()) -> None:
         super().__init__(options)
@@ -87,13 +85,11 @@ class RoundRobin(Dispatcher):
         return choice
 
 
-@DISPATCHERS.register("random")
 class RandomChoice(Dispatcher):
     def pick(self, seq, decodes):
         return self.rng.choice(sorted(decodes, key=lambda p: p.instance_id)) if decodes else None
 
 
-@DISPATCHERS.register("least_loaded")
 class LeastLoaded(Dispatcher):
     def pick(self, seq, decodes):
         if not decodes:
@@ -101,7 +97,6 @@ class LeastLoaded(Dispatcher):
         return max(decodes, key=lambda p: (p.num_free_blocks, -p.num_running, p.instance_id))
 
 
-@DISPATCHERS.register("power_of_two")
 class PowerOfTwo(Dispatcher):
     def pick(self, seq, decodes):
         if not decodes:
@@ -125,7 +120,6 @@ class PowerOfTwo(Dispatcher):
         return interference_after(peer, heavy)
 
 
-@DISPATCHERS.register("power_of_two_ratio")
 class PowerOfTwoRatio(PowerOfTwo):
     """The paper's literal rule: the lower heavy:light ratio after placement."""
 
@@ -134,7 +128,6 @@ class PowerOfTwoRatio(PowerOfTwo):
         return (heavy_light_ratio(peer, heavy),)
 
 
-@DISPATCHERS.register("imbalance")
 class Imbalance(Dispatcher):
     """Heavy decodes always to the same instance, light ones to the others in turn."""
 

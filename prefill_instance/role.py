@@ -20,6 +20,7 @@ from functools import cache
 from common.engine.profile import recorded_chunk_size
 from common.engine.role import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
+from common.plugins import DISPATCH_POLICIES
 from common.protocol import (
     AbortRequest,
     ClusterView,
@@ -31,7 +32,7 @@ from common.protocol import (
 )
 from common.sequence import Sequence
 from common.transfer import TransferStatus
-from prefill_instance.dispatcher import DISPATCHERS, DispatchOptions
+from prefill_instance.dispatcher import DispatchOptions
 from prefill_instance.handoff import Handoffs
 from prefill_instance.prediction import PrefillPredictor
 from prefill_instance.scheduler import PrefillScheduler
@@ -62,7 +63,7 @@ class PrefillRole(Role):
         self.chunk_size = chunk_size_for(ctx)
         self.scheduler = PrefillScheduler(ctx.config.prefill, self.chunk_size, ctx.kv)
         prediction = ctx.config.prediction
-        self.handoffs = Handoffs(ctx, DISPATCHERS.get(ctx.config.prefill.dispatch_policy)(
+        self.handoffs = Handoffs(ctx, DISPATCH_POLICIES.get(ctx.config.prefill.dispatch_policy)(
             DispatchOptions(prediction, block_size=ctx.kv.block_size)))
         self.predictor = PrefillPredictor(prediction)  # does nothing when none is configured
         if prediction.predictor:

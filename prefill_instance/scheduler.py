@@ -7,6 +7,8 @@
 
 Only prompt tokens are computed here; a prefilled sequence leaves the scheduler with its blocks
 still allocated (the role holds them under a lease until a decode instance has copied them).
+A policy is a sort key of the scheduled queue, found by name in `common.plugins.PREFILL_POLICIES`
+(entry points `splitserve.prefill_policies`): `fcfs`, `sjf`, `ljf` below.
 """
 
 from __future__ import annotations
@@ -16,20 +18,31 @@ from collections import deque
 from common.block_pool import KVCacheManager
 from common.config import PrefillConfig
 from common.plan import BatchPlan, ModelOutput, ScheduledChunk
+from common.plugins import PREFILL_POLICIES
 from common.schedulers.base import Scheduler, SequenceUpdate
 from common.sequence import Sequence, SequenceStatus
 
-SORT_KEYS = {
-    "fcfs": lambda s: s.arrival_time,
-    "sjf": lambda s: (s.num_prompt_tokens, s.arrival_time),
-    "ljf": lambda s: (-s.num_prompt_tokens, s.arrival_time),
-}
+
+def fcfs(seq: Sequence) -> float:
+    """First come, first served."""
+    return seq.arrival_time
+
+
+def sjf(seq: Sequence) -> tuple[int, float]:
+    """Shortest prompt first (then first come)."""
+    return seq.num_prompt_tokens, seq.arrival_time
+
+
+def ljf(seq: Sequence) -> tuple[int, float]:
+    """Longest prompt first (then first come)."""
+    return -seq.num_prompt_tokens, seq.arrival_time
 
 
 class PrefillScheduler(Scheduler):
     def __init__(self, config: PrefillConfig, chunk_size: int, kv: KVCacheManager) -> None:
         super().__init__(kv)
         self.config = config
+        self.sort_key = PREFILL_POLICIES.get(config.policy)
         self.chunk_size = chunk_size
         self.raw: deque[Sequence] = deque()
         self.scheduled: deque[Sequence] = deque()
@@ -50,7 +63,7 @@ class PrefillScheduler(Scheduler):
         if self.scheduled or not self.raw:
             return
         batch = [self.raw.popleft() for _ in range(min(self.config.sched_batch, len(self.raw)))]
-        self.scheduled.extend(sorted(batch, key=SORT_KEYS[self.config.policy]))
+        self.scheduled.extend(sorted(batch, key=self.sort_key))
 
     def schedule(self) -> BatchPlan:
         self._refill()

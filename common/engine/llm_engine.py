@@ -16,9 +16,9 @@ from common.config import EngineConfig
 from common.detokenizer import TextStream
 from common.engine.model_runner import ModelRunner
 from common.errors import InvalidRequestError
+from common.plugins import COUPLED_POLICIES
 from common.sampling_params import SamplingParams
 from common.schedulers.base import SequenceUpdate
-from common.schedulers.coupled import COUPLED_POLICIES
 from common.sequence import Sequence
 from common.tokenizer import TextTokenizer
 

@@ -12,9 +12,10 @@ A FlipCommand makes the role drain (finish what it holds, take no new work that 
 elsewhere); once drained, the role object is replaced in place: same model, KV cache and block
 tables, no reload. The FlipReport records the drain time and the switch time (drain excluded).
 
-Roles (their contract: `common.engine.role`) and KV transfer backends are found by name in the
-`splitserve.roles` and `splitserve.kv_backends` entry-point groups, so this module never imports
-their packages; roles see the backend only through `common.transfer`'s interface.
+Roles (their contract: `common.engine.role`) and KV transfer backends are found by name in their
+registries (`common.plugins.ROLES`, `common.transfer.BACKENDS`, filled from entry points), so this
+module never imports their packages; roles see the backend only through `common.transfer`'s
+interface.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import signal
 import time
 import uuid
 from dataclasses import replace
-from importlib.metadata import entry_points
 
 import zmq
 
@@ -36,29 +36,12 @@ from common.engine.metrics import InstanceMetrics, serve_http
 from common.engine.model_runner import ModelRunner
 from common.engine.role import Role, RoleContext
 from common.messaging import Inbox, Outbox
+from common.plugins import ROLES
 from common.protocol import FlipCommand, FlipReport, InstanceStats, Shutdown, TokenBatch
 from common.security import load_keys, stop_guard
 from common.transfer import BACKENDS
 
 log = logging.getLogger(__name__)
-
-
-def load_plugin(group: str, name: str):
-    """The class registered as `name` in entry-point `group` (pyproject.toml)."""
-    found = {ep.name: ep for ep in entry_points(group=group)}
-    if name not in found:
-        raise ValueError(f"unknown {group.split('.')[-1].rstrip('s')} {name!r}; installed: "
-                         f"{', '.join(sorted(found))}")
-    return found[name].load()
-
-
-def load_role(name: str, ctx: RoleContext) -> Role:
-    return load_plugin("splitserve.roles", name)(ctx)
-
-
-def preload_roles() -> dict[str, type[Role]]:
-    """Import every installed role up front, so a flip only constructs an object."""
-    return {ep.name: ep.load() for ep in entry_points(group="splitserve.roles")}
 
 
 class InstanceWorker:
@@ -85,8 +68,9 @@ class InstanceWorker:
                      if config.metrics_port else None)
         self._metrics_url = (f"http://{config.advertise_host or config.host}:"
                              f"{self.http.server_address[1]}" if self.http else "")
-        self.role_classes = preload_roles()
-        self.role = load_role(config.role, self.ctx)
+        # Every role imported up front, so that a flip only constructs an object.
+        self.role_classes: dict[str, type[Role]] = ROLES.load_all()
+        self.role = ROLES.get(config.role)(self.ctx)
         self.link = make_link(config, self.outbox)
         self.running = True
         self.busy_seconds = 0.0

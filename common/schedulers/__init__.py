@@ -1,6 +1,8 @@
 """Instance-local schedulers that are pure Python: they plan forwards and absorb their results.
 
-The disaggregated roles' schedulers live in their own packages (`prefill_instance`,
-`decode_instance`); the co-located (coupled) policies live here because both the offline engine
-(`splitserve generate`) and the coupled instance role run them.
+Here: the contract and the plan builder (`base`), the queues and preemption that the co-located
+policies and the decode instance's planner share (`queues`), the host-tier bookkeeping
+(`swapping`), and the co-located (coupled) policies, which both the offline engine (`splitserve
+generate`) and the coupled role (`coupled_instance`) run. The disaggregated roles' planners live
+in their own packages (`prefill_instance`, `decode_instance`).
 """

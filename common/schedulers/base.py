@@ -3,6 +3,9 @@
     plan = scheduler.schedule()                        # pure Python, no tensors
     output = runner.execute(plan)                      # tensors only in there
     updates = scheduler.update_from_output(plan, output)
+
+A policy assembles each forward in a `PlanBuilder`: the chunks it takes, the KV swaps it decides
+on the way and the sequences it preempts travel together and become one `BatchPlan`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,28 @@ class SequenceUpdate:
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+
+
+@dataclass
+class PlanBuilder:
+    """One forward under construction, made afresh by each `schedule()` call."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, host) block pairs
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # (host, device) block pairs
+    preempted: set[str] = field(default_factory=set)  # sequences evicted while building it
+
+    def add(self, chunk: ScheduledChunk) -> int:
+        """Take the chunk; returns its token count (what it costs a token budget)."""
+        self.chunks.append(chunk)
+        return chunk.num_tokens
+
+    @property
+    def seq_ids(self) -> set[str]:
+        return {c.seq_id for c in self.chunks}
+
+    def build(self) -> BatchPlan:
+        return BatchPlan(self.chunks, swap_out=self.swap_out, swap_in=self.swap_in)
 
 
 class Scheduler(ABC):

@@ -16,46 +16,44 @@ new prompts are admitted. Sarathi-Serve's own schedulers (microsoft/sarathi-serv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
 
-from common.plan import BatchPlan, ScheduledChunk
-from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler
+from common.plan import BatchPlan
+from common.schedulers.base import PlanBuilder
+from common.schedulers.coupled import CoupledScheduler
 
 
 class WholePromptScheduler(CoupledScheduler):
     """Helpers of the policies that never chunk a prompt."""
 
-    def _decode_running(self, chunks: list[ScheduledChunk], prefilled_only: bool = True) -> int:
+    def _decode_running(self, plan: PlanBuilder, prefilled_only: bool = True) -> int:
         """One token for each running sequence (oldest first); returns the tokens taken."""
         taken = 0
         for seq in list(self.running):
             if seq not in self.running or (prefilled_only and not seq.is_prefilled):
                 continue
-            chunk = self._chunk_or_preempt(seq, seq.num_uncomputed_tokens, chunks)
+            chunk = self._chunk_or_preempt(seq, seq.num_uncomputed_tokens, plan)
             if chunk is None:
-                self._evict(seq)  # nobody newer to preempt: yield its own blocks
+                self._evict(seq, plan)  # nobody newer to preempt: yield its own blocks
                 continue
-            chunks.append(chunk)
-            taken += chunk.num_tokens
+            taken += plan.add(chunk)
         return taken
 
-    def _resume_decodes(self, chunks: list[ScheduledChunk]) -> int:
+    def _resume_decodes(self, plan: PlanBuilder) -> int:
         """Swap in swapped-out sequences for one decode token each; returns the tokens taken."""
-        before = len(chunks)
-        self._resume_swapped(chunks, self.batch.max_num_seqs)
-        return sum(c.num_tokens for c in chunks[before:])
+        return self.batch.max_num_seqs - self._resume_swapped(plan, self.batch.max_num_seqs)
 
-    def _admit_whole(self, chunks: list[ScheduledChunk], can_take) -> None:
+    def _admit_whole(self, plan: PlanBuilder, can_take: Callable[[int], bool]) -> None:
         """Admit whole prompts FCFS while `can_take(num_tokens)`, the sequence limit and the
         pool allow."""
         while self.waiting and len(self.running) < self.batch.max_num_seqs:
             seq = self.waiting[0]
             if not can_take(seq.num_uncomputed_tokens) \
-                    or not self._admit(seq, seq.num_uncomputed_tokens, chunks):
+                    or not self._admit(seq, seq.num_uncomputed_tokens, plan):
                 return
 
 
-@COUPLED_POLICIES.register("vllm")
 class VllmScheduler(WholePromptScheduler):
     """Prefill-prioritizing iteration-level batching (Alg. 2, vLLM): if whole waiting prompts can
     be allocated, a prefill-only batch of as many as fit tau; else one decode token for every
@@ -66,45 +64,41 @@ class VllmScheduler(WholePromptScheduler):
     at the head of the queue runs here alone instead, so no request is starved."""
 
     def schedule(self) -> BatchPlan:
-        self._begin_plan()
-        chunks: list[ScheduledChunk] = []
+        plan = PlanBuilder()
         if not self.swapped:
-            self._admit_prefill_batch(chunks)
-            if chunks:
-                return self._plan(chunks)
-        self._decode_running(chunks)
-        self._resume_decodes(chunks)
-        return self._plan(chunks)
+            self._admit_prefill_batch(plan)
+            if plan.chunks:
+                return plan.build()
+        self._decode_running(plan)
+        self._resume_decodes(plan)
+        return plan.build()
 
-    def _admit_prefill_batch(self, chunks: list[ScheduledChunk]) -> None:
+    def _admit_prefill_batch(self, plan: PlanBuilder) -> None:
         tau = self.batch.max_num_batched_tokens
         taken = 0
 
         def can_take(num_tokens: int) -> bool:
             nonlocal taken
-            fits = taken + num_tokens <= tau or (not chunks and num_tokens > tau)
+            fits = taken + num_tokens <= tau or (not plan.chunks and num_tokens > tau)
             taken += num_tokens if fits else 0
             return fits
 
-        self._admit_whole(chunks, can_take)
+        self._admit_whole(plan, can_take)
 
 
-@COUPLED_POLICIES.register("orca")
 class OrcaScheduler(WholePromptScheduler):
     """Orca's hybrid batches: one token for every running decode plus whole new prompts, limited
     only by the sequence limit and the KV pool (Orca packs up to max length x batch size prompt
     tokens per iteration; no token budget)."""
 
     def schedule(self) -> BatchPlan:
-        self._begin_plan()
-        chunks: list[ScheduledChunk] = []
-        self._decode_running(chunks)
-        self._resume_decodes(chunks)
-        self._admit_whole(chunks, lambda num_tokens: True)
-        return self._plan(chunks)
+        plan = PlanBuilder()
+        self._decode_running(plan)
+        self._resume_decodes(plan)
+        self._admit_whole(plan, lambda num_tokens: True)
+        return plan.build()
 
 
-@COUPLED_POLICIES.register("hybrid-only")
 class HybridOnlyScheduler(WholePromptScheduler):
     """Sarathi-Serve's "hybrid-batching-only" ablation: Alg. 3 with chunking switched off. Decodes
     first, then whole prompts FCFS while the batch holds fewer than tau tokens (Alg. 3's test
@@ -112,9 +106,8 @@ class HybridOnlyScheduler(WholePromptScheduler):
     from orca only by that budget."""
 
     def schedule(self) -> BatchPlan:
-        self._begin_plan()
-        chunks: list[ScheduledChunk] = []
-        taken = self._decode_running(chunks) + self._resume_decodes(chunks)
+        plan = PlanBuilder()
+        taken = self._decode_running(plan) + self._resume_decodes(plan)
         tau = self.batch.max_num_batched_tokens
 
         def can_take(num_tokens: int) -> bool:
@@ -124,8 +117,8 @@ class HybridOnlyScheduler(WholePromptScheduler):
             taken += num_tokens
             return True
 
-        self._admit_whole(chunks, can_take)
-        return self._plan(chunks)
+        self._admit_whole(plan, can_take)
+        return plan.build()
 
 
 class Turn(Enum):
@@ -133,7 +126,6 @@ class Turn(Enum):
     DECODE = "decode"
 
 
-@COUPLED_POLICIES.register("chunked-only")
 class ChunkedOnlyScheduler(WholePromptScheduler):
     """Sarathi-Serve's "chunked-prefills-only" ablation (sarathi-serve's SimpleChunkingScheduler):
     prompts are chunked under tau but chunks and decodes never share a forward. Turns alternate:
@@ -146,37 +138,26 @@ class ChunkedOnlyScheduler(WholePromptScheduler):
         self.turn = Turn.PREFILL
 
     def schedule(self) -> BatchPlan:
-        self._begin_plan()
-        chunks: list[ScheduledChunk] = []
+        plan = PlanBuilder()
         turns = [Turn.PREFILL, Turn.DECODE]
         if self.turn is Turn.DECODE:
             turns.reverse()
         for turn in turns:
             if turn is Turn.PREFILL:
-                self._prefill_chunks(chunks)
+                self._prefill_chunks(plan)
             else:
-                self._decode_chunks(chunks)
-            if chunks:
+                self._decode_chunks(plan)
+            if plan.chunks:
                 self.turn = turns[1] if turn is turns[0] else turns[0]
                 break
-        return self._plan(chunks)
+        return plan.build()
 
-    def _decode_chunks(self, chunks: list[ScheduledChunk]) -> None:
-        self._decode_running(chunks)
-        self._resume_swapped(chunks, self.batch.max_num_seqs, lambda s: s.is_prefilled)
+    def _decode_chunks(self, plan: PlanBuilder) -> None:
+        self._decode_running(plan)
+        self._resume_swapped(plan, self.batch.max_num_seqs, lambda s: s.is_prefilled)
 
-    def _prefill_chunks(self, chunks: list[ScheduledChunk]) -> None:
-        budget = self.batch.max_num_batched_tokens
-        for seq in list(self.running):
-            if seq.is_prefilled or seq not in self.running or budget <= 0:
-                continue
-            chunk = self._chunk_or_preempt(seq, min(seq.num_uncomputed_tokens, budget), chunks)
-            if chunk is not None:
-                chunks.append(chunk)
-                budget -= chunk.num_tokens
-        budget = self._resume_swapped(chunks, budget, lambda s: not s.is_prefilled)
-        while self.waiting and budget > 0 and len(self.running) < self.batch.max_num_seqs:
-            seq = self.waiting[0]
-            if not self._admit(seq, min(seq.num_uncomputed_tokens, budget), chunks):
-                return
-            budget -= chunks[-1].num_tokens
+    def _prefill_chunks(self, plan: PlanBuilder) -> None:
+        partial = [s for s in self.running if not s.is_prefilled]
+        budget = self._continue(plan, partial, self.batch.max_num_batched_tokens)
+        budget = self._resume_swapped(plan, budget, lambda s: not s.is_prefilled)
+        self._admit_chunked(plan, budget)

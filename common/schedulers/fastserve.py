@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from common.block_pool import KVCacheManager
 from common.config import BatchConfig, ConfigError
-from common.plan import BatchPlan, ModelOutput, ScheduledChunk
-from common.schedulers.base import SequenceUpdate
-from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler
+from common.plan import BatchPlan, ModelOutput
+from common.schedulers.base import PlanBuilder, SequenceUpdate
+from common.schedulers.coupled import CoupledScheduler
 from common.schedulers.mlfq import SkipJoinMLFQ
 from common.schedulers.swapping import SwapSpace
 from common.sequence import Sequence, SequenceStatus
@@ -65,13 +65,13 @@ class FastServeOptions:
         return q1 if num_tokens <= 1 else max(q1, num_tokens * self.seconds_per_prefill_token)
 
 
-@COUPLED_POLICIES.register("fastserve")
 class FastServeScheduler(CoupledScheduler):
     """`running` holds the jobs whose KV is on the device, `swapped` those whose KV is on the
     host, `waiting` those with no KV yet (new, or dropped for recompute); the MLFQ alone orders
     them."""
 
     options_cls = FastServeOptions
+    wants_host_tier = True  # proactive swapping is half of the design
 
     def __init__(self, batch: BatchConfig, kv: KVCacheManager, swap: SwapSpace | None = None,
                  options: FastServeOptions | None = None) -> None:
@@ -92,37 +92,34 @@ class FastServeScheduler(CoupledScheduler):
 
     # -- planning --------------------------------------------------------------------------------
     def schedule(self) -> BatchPlan:
-        self._begin_plan()
+        plan = PlanBuilder()
         now = self.clock()
         self.mlfq.promote_starved(now)
         order = [self.sequences[seq_id] for seq_id in self.mlfq.order()]
         enst = self.mlfq.enst([s.seq_id for s in order], now, self.batch.max_num_seqs)
-        chunks = self._select(order, enst)
+        self._select(plan, order, enst)
         if self.options.proactive and self.swap is not None:
-            selected = {c.seq_id for c in chunks}
-            self._keep_reserve(selected, enst)
-            self._swap_in_ahead(enst)
-        return self._plan(chunks)
+            self._keep_reserve(plan, enst)
+            self._swap_in_ahead(plan, enst)
+        return plan.build()
 
-    def _select(self, order: list[Sequence], enst: dict[str, float]) -> list[ScheduledChunk]:
-        chunks: list[ScheduledChunk] = []
+    def _select(self, plan: PlanBuilder, order: list[Sequence], enst: dict[str, float]) -> None:
         num_prompt_tokens = 0
         for index, seq in enumerate(order):
-            if len(chunks) >= self.batch.max_num_seqs:
+            if len(plan.chunks) >= self.batch.max_num_seqs:
                 break
-            if seq.seq_id in self._evicted_now:
+            if seq.seq_id in plan.preempted:
                 continue  # it just lost its blocks to a higher-priority job
             num_tokens = seq.num_uncomputed_tokens
             is_prompt = num_tokens > 1
             if is_prompt and num_prompt_tokens and \
                     num_prompt_tokens + num_tokens > self.batch.max_num_batched_tokens:
                 continue
-            if not self._make_room(seq, num_tokens, order[index + 1:], enst):
+            if not self._make_room(seq, num_tokens, order[index + 1:], enst, plan):
                 continue  # not ready this iteration; a lower-priority job may still fit
-            self._make_resident(seq, num_tokens)
-            chunks.append(self.make_chunk(seq, num_tokens))  # its blocks were counted
+            self._make_resident(seq, num_tokens, plan)
+            plan.add(self.make_chunk(seq, num_tokens))  # its blocks were counted
             num_prompt_tokens += num_tokens if is_prompt else 0
-        return chunks
 
     def _blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         if self.swap is not None and self.swap.is_swapped(seq.seq_id):
@@ -130,7 +127,7 @@ class FastServeScheduler(CoupledScheduler):
         return self.kv.num_new_blocks(seq.seq_id, seq.num_computed_tokens + num_tokens)
 
     def _make_room(self, seq: Sequence, num_tokens: int, lower: list[Sequence],
-                   enst: dict[str, float]) -> bool:
+                   enst: dict[str, float], plan: PlanBuilder) -> bool:
         """Evict resident jobs of lower priority, latest ENST first, until `seq` fits; evict
         nobody when even all of them would not free enough."""
         need = self._blocks_needed(seq, num_tokens)
@@ -139,38 +136,39 @@ class FastServeScheduler(CoupledScheduler):
             return False
         resident.sort(key=lambda s: enst[s.seq_id])
         while need > self.kv.num_free_blocks:
-            self._evict(resident.pop())
+            self._evict(resident.pop(), plan)
         return True
 
-    def _make_resident(self, seq: Sequence, num_tokens: int) -> None:
+    def _make_resident(self, seq: Sequence, num_tokens: int, plan: PlanBuilder) -> None:
         if seq in self.swapped:
-            self._try_swap_in(seq, num_tokens)  # fits: _make_room counted its blocks
+            self._try_swap_in(seq, num_tokens, plan)  # fits: _make_room counted its blocks
         elif seq.status != SequenceStatus.RUNNING:
             self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
 
-    def _keep_reserve(self, selected: set[str], enst: dict[str, float]) -> None:
+    def _keep_reserve(self, plan: PlanBuilder, enst: dict[str, float]) -> None:
         """Proactive swap-out: keep `reserved_blocks` free, evicting unselected resident jobs
         with the latest ENST (never by recompute: that would throw work away ahead of need)."""
         reserve = self.options.reserved_blocks
+        selected = plan.seq_ids
         victims = sorted((s for s in self.running if s.seq_id not in selected),
                          key=lambda s: enst[s.seq_id], reverse=True)
         for victim in victims:
             if self.kv.num_free_blocks >= reserve:
                 return
             if self.swap.can_swap_out(victim, self.kv):
-                self._evict(victim)
+                self._evict(victim, plan)
 
-    def _swap_in_ahead(self, enst: dict[str, float]) -> None:
+    def _swap_in_ahead(self, plan: PlanBuilder, enst: dict[str, float]) -> None:
         """Proactive swap-in: bring back swapped-out jobs, earliest ENST first, while the
         reserve stays free; a job swapped out in this plan stays out."""
         reserve = self.options.reserved_blocks
         for seq in sorted(self.swapped, key=lambda s: enst[s.seq_id]):
-            if seq.seq_id in self._evicted_now:
+            if seq.seq_id in plan.preempted:
                 continue
             need = self.swap.num_device_blocks_to_resume(seq, self.kv, 1)
-            if self.kv.num_free_blocks - need < reserve or not self._try_swap_in(seq, 1):
+            if self.kv.num_free_blocks - need < reserve or not self._try_swap_in(seq, 1, plan):
                 return
 
     # -- absorbing -------------------------------------------------------------------------------

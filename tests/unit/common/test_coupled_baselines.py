@@ -7,7 +7,8 @@ import random
 import pytest
 from unit.common.coupled_fixtures import make, run_to_completion, seq, shape, step
 
-from common.schedulers.coupled import COUPLED_POLICIES, make_coupled_scheduler
+from common.plugins import COUPLED_POLICIES
+from common.schedulers.coupled import make_coupled_scheduler
 from common.sequence import SequenceStatus
 
 

@@ -47,3 +47,11 @@ def test_a_name_registered_twice_is_an_error():
     plugins.register("a")(dict)  # the same implementation again is harmless
     with pytest.raises(ValueError, match="registered twice"):
         plugins.register("a")(list)
+
+
+def test_a_registry_iterates_its_names_and_forgets_a_throwaway(entry_points):
+    plugins = Registry("test plug-in", group=GROUP)
+    plugins.register("throwaway")(dict)
+    assert list(plugins) == ["fraction", "throwaway"]  # so it serves as argparse `choices`
+    plugins.unregister("throwaway")
+    assert list(plugins) == ["fraction"] and "throwaway" not in plugins

@@ -6,6 +6,8 @@ from common.block_pool import KVCacheManager
 from common.config import BatchConfig
 from common.plan import ModelOutput
 from common.sampling_params import SamplingParams
+from common.schedulers.coupled import CoupledScheduler
+from common.schedulers.queues import QueueScheduler
 from common.sequence import Sequence, SequenceStatus
 from decode_instance.scheduler import DecodeScheduler
 
@@ -177,3 +179,11 @@ def test_preemption_spares_sequences_already_in_the_plan():
     assert len(sched.kv.table("b")) == 2 and b.num_computed_tokens == 8
     assert list(sched.waiting) == [c]
     sched.check_integrity()
+
+
+def test_decode_planning_is_its_own_not_a_co_located_policy():
+    """Changing a co-located policy (e.g. sarathi) must not change what decode instances run:
+    the decode planner shares the queues and preemption, not a policy."""
+    assert issubclass(DecodeScheduler, QueueScheduler)
+    assert not issubclass(DecodeScheduler, CoupledScheduler)
+    assert "schedule" in vars(DecodeScheduler)

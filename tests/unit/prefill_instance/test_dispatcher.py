@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from common.plugins import DISPATCH_POLICIES
 from common.protocol import PeerInfo
 from common.sampling_params import SamplingParams
 from common.sequence import Sequence
-from prefill_instance.dispatcher import DISPATCHERS, Dispatcher, RoundRobin
+from prefill_instance.dispatcher import Dispatcher, RoundRobin
 
 
 def peer(instance_id, free=0):
@@ -23,7 +24,7 @@ def picks(dispatcher, decodes, n):
 
 
 def test_registered_by_name():
-    assert DISPATCHERS.get("round_robin") is RoundRobin
+    assert DISPATCH_POLICIES.get("round_robin") is RoundRobin
     assert isinstance(RoundRobin(), Dispatcher)
 
 

@@ -3,10 +3,10 @@
 admit -> schedule -> forward -> stream -> free:
 1. Admit: a GenerateRequest becomes a Sequence in the policy's queues (a recovered request
    resumes with its already generated tokens counted as output).
-2. Schedule and forward: the policy (`COUPLED_POLICIES`: vllm, orca, sarathi, chunked-only,
-   hybrid-only, fastserve) plans each forward; prefill and decode share this instance. With a
-   host tier (`CoupledSettings.swap_blocks`), preemption swaps KV to host memory instead of
-   recomputing, and FastServe swaps proactively.
+2. Schedule and forward: the policy (`common.plugins.COUPLED_POLICIES`: vllm, orca, sarathi,
+   chunked-only, hybrid-only, fastserve) plans each forward; prefill and decode share this
+   instance. With a host tier (`CoupledSettings.swap_blocks`), preemption swaps KV to host
+   memory instead of recomputing, and FastServe swaps proactively.
 3. Stream: every sampled token goes to the request's gateway as a TokenUpdate.
 4. Free: blocks are released when the sequence finishes, is aborted or passes its deadline.
 
@@ -20,15 +20,14 @@ import logging
 from dataclasses import dataclass, field
 
 from common.engine.role import Role, RoleContext
-from common.engine.swap import HostSwapSpace
+from common.engine.swap import attach_host_tier
 from common.plan import BatchPlan, ModelOutput
+from common.plugins import COUPLED_POLICIES
 from common.protocol import AbortRequest, GenerateRequest, KVTransferOffer, Message
-from common.schedulers.coupled import COUPLED_POLICIES, CoupledScheduler, make_coupled_scheduler
+from common.schedulers.coupled import CoupledScheduler, make_coupled_scheduler
 from common.schedulers.swapping import SwapSpace
 
 log = logging.getLogger(__name__)
-# Policies whose design assumes a host tier get one by default (as many blocks as the device).
-SWAPPING_POLICIES = ("fastserve",)
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class CoupledSettings:
 
     policy: str = "sarathi"
     # Host blocks of the second KV tier: 0 = none (preempt by recompute); None = the policy's
-    # default (as many as the device has for fastserve, else none).
+    # default (as many as the device has for a policy that `wants_host_tier`, else none).
     swap_blocks: int | None = None
     swap_bandwidth_bytes_per_s: float | None = None  # None = as fast as memcpy
     policy_options: dict = field(default_factory=dict)  # e.g. FastServeOptions fields
@@ -51,22 +50,17 @@ class CoupledSettings:
     def num_host_blocks(self, num_device_blocks: int) -> int:
         if self.swap_blocks is not None:
             return self.swap_blocks
-        return num_device_blocks if self.policy in SWAPPING_POLICIES else 0
+        return num_device_blocks if COUPLED_POLICIES.get(self.policy).wants_host_tier else 0
 
 
 def build_scheduler(ctx: RoleContext, settings: CoupledSettings) -> CoupledScheduler:
     """The policy's scheduler over the instance's block tables; attaches the host tier to the
-    runner when the settings ask for one."""
-    COUPLED_POLICIES.get(settings.policy)  # an unknown name fails here, listing the known ones
+    runner when the settings ask for one. An unknown policy fails, listing the known ones."""
     num_host_blocks = settings.num_host_blocks(ctx.kv.num_blocks)
     swap = None
     if num_host_blocks > 0:
         swap = SwapSpace(num_host_blocks)
-        runner = ctx.runner
-        if runner.swap_space is None or runner.swap_space.num_blocks != num_host_blocks:
-            runner.swap_space = HostSwapSpace(runner.kv_layout, num_host_blocks,
-                                              settings.swap_bandwidth_bytes_per_s,
-                                              pin_memory=runner.device.type == "cuda")
+        attach_host_tier(ctx.runner, num_host_blocks, settings.swap_bandwidth_bytes_per_s)
     return make_coupled_scheduler(settings.policy, ctx.config.engine.batch, ctx.kv, swap,
                                   settings.policy_options)
 

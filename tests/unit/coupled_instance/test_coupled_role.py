@@ -10,12 +10,12 @@ import torch
 
 from common.block_pool import KVCacheManager
 from common.config import BatchConfig, EngineConfig
-from common.engine.coupled_role import CoupledRole, CoupledSettings
 from common.engine.kv_cache import KVLayout
 from common.engine.role import RoleContext
 from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer
 from common.sampling_params import SamplingParams
 from common.transfer import TransferStatus
+from coupled_instance.role import CoupledRole, CoupledSettings
 
 from unit.role_fixtures import FakeOutbox, run_turn
 
