@@ -4,7 +4,10 @@
 (an open loop, as users behave); `run_closed_loop` keeps a fixed number of streams open. Every
 request is streamed over server-sent events and timed on arrival of every chunk that carries
 text. One request's failure (HTTP status, error event, network error, timeout) is recorded on
-its own record and never stops the run. Plain http:// servers are spoken to through aiohttp
+its own record and never stops the run. `post_stream_aiohttp` streams any endpoint and hands
+each text piece to a callback: chat completions (`delta.content`) are read like completions
+(`text`), which is how the multi-turn workload (bench.multiturn) gets the model's answers.
+Plain http:// servers are spoken to through aiohttp
 (its C parser costs a fraction of httpx's CPU per streamed chunk, so the client does not take
 the cores of the server it measures); https and injected httpx transports (tests) use httpx.
 """
@@ -67,15 +70,30 @@ def _error_text(body: bytes) -> str:
     return _error_message(parsed["error"] if has_error else text)
 
 
-def _absorb_chunk(record: RequestRecord, chunk: dict, now: float) -> None:
+OnText = Callable[[str], None]
+
+
+def _chunk_text(choice: dict) -> str | None:
+    """The text a streamed choice carries: a completion's `text` or a chat's `delta.content`."""
+    if choice.get("text"):
+        return choice["text"]
+    delta = choice.get("delta")
+    return delta.get("content") if isinstance(delta, dict) else None
+
+
+def _absorb_chunk(record: RequestRecord, chunk: dict, now: float,
+                  on_text: OnText | None = None) -> None:
     """Fold one streamed completion chunk (content or final usage) into the record."""
     choices = chunk.get("choices") or []
     if choices:
         choice = choices[0]
-        if choice.get("text"):
+        text = _chunk_text(choice)
+        if text:  # a chat's first chunk may carry only the role, with empty content
             if not record.token_times:
                 record.ttft = now - record.send_time
             record.token_times.append(now)
+            if on_text is not None:
+                on_text(text)
         if choice.get("finish_reason") is not None:
             record.finish_reason = choice["finish_reason"]
     usage = chunk.get("usage")
@@ -96,7 +114,8 @@ _DONE = "done"
 _FAILED = "failed"
 
 
-def _absorb_line(record: RequestRecord, line: bytes, now: float) -> str | None:
+def _absorb_line(record: RequestRecord, line: bytes, now: float,
+                 on_text: OnText | None = None) -> str | None:
     """Fold one SSE line into the record: _DONE at [DONE], _FAILED (record.error set) at an
     error or malformed event, else None."""
     line = line.strip()
@@ -113,11 +132,12 @@ def _absorb_line(record: RequestRecord, line: bytes, now: float) -> str | None:
     if "error" in event:
         record.error = f"error event: {_error_message(event['error'])}"
         return _FAILED
-    _absorb_chunk(record, event, now)
+    _absorb_chunk(record, event, now, on_text)
     return None
 
 
-async def _read_events(body: AsyncIterator[bytes], record: RequestRecord, start: float) -> None:
+async def _read_events(body: AsyncIterator[bytes], record: RequestRecord, start: float,
+                       on_text: OnText | None = None) -> None:
     """Consume the SSE stream until [DONE], recording chunks; sets record.error on failure.
 
     Lines are split from the body's bytes here (not with aiter_lines, whose text decoding and
@@ -132,14 +152,14 @@ async def _read_events(body: AsyncIterator[bytes], record: RequestRecord, start:
         now = time.perf_counter() - start
         *lines, pending = (pending + data).split(b"\n")
         for line in lines:
-            outcome = _absorb_line(record, line, now)
+            outcome = _absorb_line(record, line, now, on_text)
             if outcome == _FAILED:
                 return
             if outcome == _DONE:
                 done = True
                 break
     if not done and pending:  # a last line without its newline
-        outcome = _absorb_line(record, pending, time.perf_counter() - start)
+        outcome = _absorb_line(record, pending, time.perf_counter() - start, on_text)
         if outcome == _FAILED:
             return
         done = outcome == _DONE
@@ -198,13 +218,22 @@ async def send_completion_aiohttp(session: aiohttp.ClientSession, url: str, mode
     streamed chunk)."""
     record = RequestRecord(index=index, send_time=time.perf_counter() - start)
     payload = completion_payload(model, request, ignore_eos, temperature, top_p)
+    return await post_stream_aiohttp(session, f"{url.rstrip('/')}/v1/completions", payload,
+                                     record, start)
+
+
+async def post_stream_aiohttp(session: aiohttp.ClientSession, endpoint: str, payload: dict,
+                              record: RequestRecord, start: float,
+                              on_text: OnText | None = None) -> RequestRecord:
+    """POST a streamed request to `endpoint` and fold its events into `record` (its send_time
+    set by the caller, as an offset from `start`); `on_text` gets each text piece in order."""
     try:
-        async with session.post(f"{url.rstrip('/')}/v1/completions", json=payload) as response:
+        async with session.post(endpoint, json=payload) as response:
             record.http_status = response.status
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {_error_text(await response.read())}"
             else:
-                await _read_events(response.content.iter_any(), record, start)
+                await _read_events(response.content.iter_any(), record, start, on_text)
     except asyncio.TimeoutError:
         record.error = "ReadTimeout: no complete answer within the client's timeout"
     except Exception as exc:  # noqa: BLE001 (as in send_completion)

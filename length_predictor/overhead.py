@@ -1,6 +1,7 @@
 """What the predictor costs the main model: prefill latency and throughput with vs without it.
 
-One process, one burst of ShareGPT prompts, two passes over the same prompts (TetriInfer Fig. 17):
+One process, one burst of ShareGPT prompts (first turns of the split's eval range), two passes
+over the same prompts (TetriInfer Fig. 17):
 
     without:  main-model prefill only
     with:     the same prefill while the predictor works beside it —
@@ -56,12 +57,13 @@ class PrefillRun:
 
 
 def sharegpt_prompts(tokenizer, options: OverheadOptions) -> list[list[int]]:
-    from common.sharegpt import first_turns, load_sharegpt
+    """Seeded first turns of the split's eval range: prompts the predictor never trained on."""
+    from common.sharegpt import load_split
     from length_predictor.dataset import chat_prompt
 
-    pairs = first_turns(load_sharegpt())
+    pairs = load_split()["eval"].first_turns
     chosen = random.Random(options.seed).sample(pairs, min(options.num_prompts, len(pairs)))
-    return [chat_prompt(tokenizer, text)[:options.max_prompt_tokens] for text, _ in chosen]
+    return [chat_prompt(tokenizer, text)[:options.max_prompt_tokens] for _, text, _ in chosen]
 
 
 def _chunks(prompts: list[list[int]], chunk_size: int):

@@ -1,4 +1,5 @@
-"""The length dataset: options, split, files on disk, reference labels from a ShareGPT file."""
+"""The length dataset: options, pairs from the split's train/eval ranges, files on disk, reference
+labels from a ShareGPT file."""
 
 from __future__ import annotations
 
@@ -9,33 +10,44 @@ import pytest
 from common.config import ConfigError, EngineConfig, ModelConfig
 from common.errors import InvalidRequestError
 from common.tokenizer import TextTokenizer
+from common.sharegpt import load_split
 from length_predictor.dataset import (
     DatasetOptions,
     Example,
     build_dataset,
     load_dataset,
-    split_examples,
+    select_pairs,
 )
 
-
-def _examples(n: int) -> list[Example]:
-    return [Example(i, f"p{i}", [1, 2, i], 10 * i, "stop") for i in range(n)]
+NUM_RECORDS = 60  # enough for every range of the split to hold a few (checked below)
 
 
-def test_split_is_seeded_disjoint_and_complete():
-    examples = _examples(50)
-    train, held_out = split_examples(examples, 0.1, seed=3)
-    assert len(held_out) == 5 and len(train) == 45
-    assert {e.example_id for e in train} | {e.example_id for e in held_out} == set(range(50))
-    assert not {e.example_id for e in train} & {e.example_id for e in held_out}
-    again = split_examples(examples, 0.1, seed=3)
-    assert [e.example_id for e in again[1]] == [e.example_id for e in held_out]
-    other = split_examples(examples, 0.1, seed=4)
-    assert [e.example_id for e in other[1]] != [e.example_id for e in held_out]
+def _ids(pairs) -> list[int]:
+    return [index for index, _, _ in pairs]
 
 
-def test_split_keeps_one_example_on_each_side():
-    train, held_out = split_examples(_examples(2), 0.9, seed=0)
+def test_pairs_come_from_the_train_and_eval_ranges_in_seeded_order(tmp_path):
+    source = _write_sharegpt(tmp_path / "sharegpt.json", NUM_RECORDS)
+    split = load_split(source)
+    assert all(len(split[name].first_turns) >= 5 for name in ("train", "eval", "bench"))
+    train, held_out = select_pairs(DatasetOptions(sharegpt_path=str(source), seed=3))
+    assert sorted(_ids(train)) == _ids(split["train"].first_turns)
+    assert sorted(_ids(held_out)) == _ids(split["eval"].first_turns)
+    again = select_pairs(DatasetOptions(sharegpt_path=str(source), seed=3))
+    other = select_pairs(DatasetOptions(sharegpt_path=str(source), seed=4))
+    assert again == (train, held_out)
+    # Another seed orders each range differently but never moves a pair to another range.
+    assert _ids(other[0]) != _ids(train) and sorted(_ids(other[0])) == sorted(_ids(train))
+
+
+def test_a_limit_takes_its_eval_share_and_a_prefix_of_each_range(tmp_path):
+    source = _write_sharegpt(tmp_path / "sharegpt.json", NUM_RECORDS)
+    whole = select_pairs(DatasetOptions(sharegpt_path=str(source)))
+    train, held_out = select_pairs(DatasetOptions(sharegpt_path=str(source), limit=10))
+    assert (len(train), len(held_out)) == (8, 2)  # the ranges' ratio: 0.15 / 0.75 = 0.2
+    assert train == whole[0][:8] and held_out == whole[1][:2]
+    train, held_out = select_pairs(DatasetOptions(sharegpt_path=str(source), limit=2,
+                                                  eval_fraction=0.9))
     assert len(train) == 1 and len(held_out) == 1
 
 
@@ -60,7 +72,7 @@ def test_missing_dataset_dir_is_one_line_error(tmp_path):
         load_dataset(tmp_path / "nope")
 
 
-def _write_sharegpt(path, num_records: int) -> None:
+def _write_sharegpt(path, num_records: int):
     records = [{"id": str(i), "conversations": [
         {"from": "human", "value": f"question number {i}?"},
         {"from": "gpt", "value": " ".join(["word"] * (i + 1))},
@@ -68,17 +80,21 @@ def _write_sharegpt(path, num_records: int) -> None:
         {"from": "gpt", "value": "ok"}]} for i in range(num_records)]
     text = json.dumps(records)
     path.write_text(text[:-40])  # cut inside the last record, like the packaged file
+    return path
 
 
 def test_reference_labels_are_reply_lengths_in_target_tokens(tmp_path, default_model):
-    source = tmp_path / "sharegpt.json"
-    _write_sharegpt(source, 12)
+    source = _write_sharegpt(tmp_path / "sharegpt.json", NUM_RECORDS)
     config = EngineConfig(model=ModelConfig(path=str(default_model.hf_dir)))
     options = DatasetOptions(labels="reference", sharegpt_path=str(source), seed=1)
     metadata = build_dataset(options, config, tmp_path / "data")
     dataset = load_dataset(tmp_path / "data")
-    assert metadata["num_pairs"] == 11  # the cut record is skipped
-    assert len(dataset.train) + len(dataset.eval) == 11 and len(dataset.eval) == 1
+    split = load_split(source)
+    # Every complete record (the cut one is skipped) of the train and eval ranges, none of bench.
+    assert sorted(e.example_id for e in dataset.train) == _ids(split["train"].first_turns)
+    assert sorted(e.example_id for e in dataset.eval) == _ids(split["eval"].first_turns)
+    assert metadata["num_pairs"] == len(dataset.train) + len(dataset.eval) \
+        == NUM_RECORDS - 1 - len(split["bench"].first_turns)
     tokenizer = TextTokenizer(default_model.hf_dir)
     for example in dataset.train + dataset.eval:
         i = example.example_id
@@ -91,14 +107,14 @@ def test_reference_labels_are_reply_lengths_in_target_tokens(tmp_path, default_m
 
 
 def test_all_turns_and_limit(tmp_path, default_model):
-    source = tmp_path / "sharegpt.json"
-    _write_sharegpt(source, 6)
+    source = _write_sharegpt(tmp_path / "sharegpt.json", NUM_RECORDS)
     config = EngineConfig(model=ModelConfig(path=str(default_model.hf_dir)))
     options = DatasetOptions(labels="reference", turns="all", limit=7, sharegpt_path=str(source))
     build_dataset(options, config, tmp_path / "data")
     dataset = load_dataset(tmp_path / "data")
     prompts = [e.prompt for e in dataset.train + dataset.eval]
     assert len(prompts) == 7 and any(p.startswith("follow-up") for p in prompts)
+    assert len(dataset.eval) == 1  # round(7 * 0.2)
 
 
 def test_prompts_with_unicode_line_separators_survive_the_files(tmp_path):
