@@ -12,7 +12,10 @@
   the time to read every weight once at the measured bandwidth; optionally decode tokens/s against
   transformers `generate` (same weights, dtype and threads).
 
-Writes profile.json and profile.png under the output directory.
+Writes profile.json and profile.png under the output directory, and records the ChunkSize and
+the prefill and decode curves in the cache directory, where the prefill instance (ChunkSize) and
+the co-located policies (common.schedulers.costs) read them at start-up. `measure_costs` is the
+short version a co-located instance runs at start-up when no record fits its model.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
+from common.schedulers.costs import IterationCosts
 
 PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
@@ -276,11 +280,43 @@ def recorded_chunk_size(cache_dir: str) -> int | None:
 
 
 def _record(report: dict, cache_dir: str) -> None:
+    """What later starts read: the ChunkSize, and the curves behind the co-located policies'
+    cost model (common.schedulers.costs: FastServe's job profiler, the TBT token budget)."""
     path = Path(cache_dir).expanduser() / RECORD_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"recommended_chunk_size": report["recommended_chunk_size"],
-                                "model": report["model"], "dtype": report["dtype"],
-                                "threads": report["threads"]}))
+    keys = ("recommended_chunk_size", "model", "dtype", "threads", "decode_context")
+    record = {key: report[key] for key in keys}
+    record["prefill"] = [{"tokens": r["tokens"], "seconds": r["seconds"]}
+                         for r in report["prefill"]]
+    record["decode"] = [{"batch": r["batch"], "step_seconds": r["step_seconds"]}
+                        for r in report["decode"]]
+    path.write_text(json.dumps(record))
+
+
+# A start-up measurement is a few seconds on two cores: few sizes, one timed run each, short
+# decode contexts (filling 32 sequences x 256 tokens would take longer than the rest).
+STARTUP_PREFILL_SIZES = [1, 16, 64, 256, 1024]
+STARTUP_DECODE_BATCHES = [1, 8, 32]
+STARTUP_DECODE_CONTEXT = 32
+
+
+def measure_costs(runner: ModelRunner, repeats: int = 1) -> IterationCosts:
+    """A short profile on the runner's own KV blocks, taken before it serves (the blocks hold
+    nothing yet): prefill forwards and greedy decode steps at a few sizes that fit the pool."""
+    bench = _Bench(runner)
+    capacity = bench.kv.num_blocks * bench.kv.block_size
+    sizes = [n for n in STARTUP_PREFILL_SIZES if n <= min(capacity, runner.max_model_len)]
+    prefill = [(n, bench.prefill_seconds(n, repeats)) for n in sizes]
+    decode = []
+    for batch in STARTUP_DECODE_BATCHES:
+        if bench.kv.num_blocks_for(STARTUP_DECODE_CONTEXT + 1) * batch > bench.kv.num_blocks:
+            break
+        plan, release = bench.decode_plan(batch, STARTUP_DECODE_CONTEXT)
+        try:
+            decode.append((batch, _timed(lambda: runner.execute(plan), repeats)))
+        finally:
+            release()
+    return IterationCosts(tuple(prefill), tuple(decode), source="measured at start-up")
 
 
 def _write(report: dict, out_dir: Path) -> None:

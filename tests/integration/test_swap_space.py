@@ -97,18 +97,19 @@ def test_emulated_bandwidth_is_honoured(runner):
     assert fast.execute(runner.kv_cache, [(b, b) for b in range(num_blocks)], []) < seconds / 4
 
 
-@pytest.mark.parametrize("policy", ["sarathi", "fastserve"])
+@pytest.mark.parametrize("policy", ["sarathi", "fastserve", "decode-maximal"])
 def test_a_policy_that_swaps_generates_what_an_unconstrained_one_does(runner, policy):
-    """Four prompts through a scheduler whose pool is too small, with a host tier: preemption
-    by swap must not change a single greedy token."""
+    """Four prompts through a scheduler whose pool is too small: preemption by swap (FastServe:
+    also its proactive swaps, on by default with the reserve rule) and by recompute (no host
+    tier) must not change a single greedy token."""
     prompts = [_prompt(n, 10 + n) for n in (20, 33, 17, 40)]
 
     def run(num_blocks, host_blocks):
-        runner.swap_space = HostSwapSpace(runner.kv_layout, host_blocks)
+        runner.swap_space = HostSwapSpace(runner.kv_layout, host_blocks) if host_blocks else None
         sched = make_coupled_scheduler(policy, BatchConfig(max_num_seqs=4,
                                                            max_num_batched_tokens=64),
                                        KVCacheManager(num_blocks, runner.kv_layout.block_size),
-                                       SwapSpace(host_blocks))
+                                       SwapSpace(host_blocks) if host_blocks else None)
         for i, prompt in enumerate(prompts):
             sched.add(Sequence(f"r{i}", prompt, SamplingParams(max_tokens=30, temperature=0.0),
                                512))
@@ -124,3 +125,6 @@ def test_a_policy_that_swaps_generates_what_an_unconstrained_one_does(runner, po
     tight, sched = run(7, 16)
     assert sched.num_preemptions > 0 and sched.swap.num_swap_ins > 0
     assert tight == ample
+    recomputed, sched = run(7, 0)
+    assert sched.num_preemptions > 0 and recomputed == ample
+    runner.swap_space = HostSwapSpace(runner.kv_layout, num_host_blocks=16)

@@ -9,7 +9,7 @@ import pytest
 from unit.common.coupled_fixtures import FakeKV, make, run_to_completion, seq, shape, step
 
 from common.config import ConfigError
-from common.schedulers.fastserve import FastServeOptions
+from common.schedulers.fastserve import FastServeOptions, JobProfiler
 from common.schedulers.mlfq import SkipJoinMLFQ
 from common.sequence import SequenceStatus
 
@@ -81,8 +81,11 @@ def test_enst_is_the_earlier_of_promotion_and_execution():
 def test_options_are_validated():
     with pytest.raises(ConfigError):
         FastServeOptions(starvation_limit_s=0.0)
-    assert FastServeOptions(seconds_per_decode_iteration=0.02,
-                            seconds_per_prefill_token=0.001).iteration_s(100) == 0.1
+    with pytest.raises(ConfigError):
+        FastServeOptions(max_reserve_fraction=1.5)
+    profiler = JobProfiler.build(FastServeOptions(seconds_per_decode_iteration=0.02,
+                                                  seconds_per_prefill_token=0.001), None)
+    assert profiler.iteration_s(100) == 0.1 and profiler.iteration_s(1) == 0.02
 
 
 # -- golden plans --------------------------------------------------------------------------------
@@ -157,7 +160,8 @@ def test_memory_shortage_swaps_out_the_latest_enst_and_resumes_without_recompute
 
 
 def test_proactive_swap_keeps_a_reserve_and_swaps_in_ahead_of_need():
-    sched = fastserve(num_blocks=6, host_blocks=8, reserved_blocks=2,
+    # no arrival history: the reserve is the 2 fixed blocks plus the next token's blocks
+    sched = fastserve(num_blocks=6, host_blocks=8, reserved_blocks=2, burst_window=0,
                       seconds_per_prefill_token=0.01)
     sched.add(seq("A", 7, 3))
     sched.add(seq("S", 7, 8, first=50))
@@ -166,19 +170,51 @@ def test_proactive_swap_keeps_a_reserve_and_swaps_in_ahead_of_need():
         if i == 4:
             sched.add(seq("T", 7, 8, first=80))
         plan = sched.schedule()
-        plans.append((shape(plan), plan.swap_out, plan.swap_in))
+        plans.append((shape(plan), plan.swap_out, plan.swap_in, sched.reserve))
         sched.update_from_output(plan, fake.execute(plan, sched))
         sched.check_integrity()
     assert plans == [
-        ([("A", 0, 7, True)], [], []),
-        ([("S", 0, 7, True)], [], []),
-        ([("A", 7, 1, True)], [], []),
-        # A's new block leaves 1 free < the reserve of 2: S, not scheduled, goes out early
-        ([("A", 8, 1, True)], [(2, 0), (3, 1)], []),
+        ([("A", 0, 7, True)], [], [], 2),
+        ([("S", 0, 7, True)], [], [], 2),  # 2 free = the reserve
+        # A's 9th token will need a block: reserve 3 > 2 free, so S, not scheduled, goes out
+        # early (latest ENST), before A's next forward would have to evict it
+        ([("A", 7, 1, True)], [(2, 0), (3, 1)], [], 3),
+        # A takes its new block; bringing S back (2 blocks) would leave 1 < 2 free: S stays out
+        ([("A", 8, 1, True)], [], [], 2),
         # A finished; T runs, and S comes back while T runs, before its own turn
-        ([("T", 0, 7, True)], [], [(0, 2), (1, 4)]),
-        ([("S", 7, 1, True)], [], []),  # resident already: no swap on its critical path
+        ([("T", 0, 7, True)], [], [(0, 2), (1, 4)], 2),
+        # S is resident already: no swap on its critical path; its 9th token will need a block,
+        # so T, now below S, goes out for the reserve
+        ([("S", 7, 1, True)], [(5, 2), (3, 3)], [], 3),
     ]
+
+
+def test_the_arrival_burst_reserve_makes_room_before_the_next_burst():
+    """L and M arrive together (2 x 6 blocks): the reserve is then min(0.5 x 16, 12) = 8 blocks.
+    With it, L goes out in the forward that admits M, so N's arrival finds 10 free blocks and
+    runs at once (M goes out after N's selection, for the reserve); without it, N finds 4 free
+    blocks and M must be evicted on N's critical path."""
+
+    def run(burst_window):
+        sched = fastserve(num_blocks=16, host_blocks=32, burst_window=burst_window,
+                          seconds_per_prefill_token=0.01)  # every prompt joins Q1
+        sched.add(seq("L", 23, 8))
+        sched.add(seq("M", 23, 8, first=50))
+        fake, plans = FakeKV(4), []
+        for i in range(3):
+            if i == 2:
+                sched.add(seq("N", 23, 8, first=80))
+            free = sched.kv.num_free_blocks
+            plan = sched.schedule()
+            plans.append((free, shape(plan)[0][0], [d for d, _ in plan.swap_out], sched.reserve))
+            sched.update_from_output(plan, fake.execute(plan, sched))
+            sched.check_integrity()
+        return plans
+
+    assert run(burst_window=64) == [(16, "L", [], 8), (10, "M", [0, 1, 2, 3, 4, 5], 8),
+                                    (10, "N", [6, 7, 8, 9, 10, 11], 8)]
+    assert run(burst_window=0) == [(16, "L", [], 0), (10, "M", [], 0),
+                                   (4, "N", [6, 7, 8, 9, 10, 11], 0)]
 
 
 def test_no_job_is_evicted_for_one_that_would_not_fit_anyway():

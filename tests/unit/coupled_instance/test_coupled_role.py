@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.block_pool import KVCacheManager
-from common.config import BatchConfig, EngineConfig
+from common.config import BatchConfig, ConfigError, EngineConfig
 from common.engine.kv_cache import KVLayout
 from common.engine.role import RoleContext
 from common.protocol import AbortRequest, GenerateRequest, KVTransferDone, KVTransferOffer
@@ -126,3 +126,50 @@ def test_policy_options_reach_the_policy_and_bad_names_fail():
     from common.config import InstanceConfig
 
     assert CoupledSettings.from_config(InstanceConfig()).policy == "sarathi"
+
+
+# -- forward costs from the profile: FastServe's job profiler, the budget from a TBT SLO ---------
+PROFILE = {"model": "tiny", "dtype": "float32", "threads": torch.get_num_threads(),
+           "recommended_chunk_size": 64,
+           "prefill": [{"tokens": 1, "seconds": 0.010}, {"tokens": 1000, "seconds": 0.1099}],
+           "decode": [{"batch": 1, "step_seconds": 0.011}, {"batch": 10, "step_seconds": 0.020}]}
+
+
+def role_from_flags(tmp_path, *flags):
+    """A coupled role built from `splitserve instance` flags, on a fake runner of model "tiny"
+    whose `splitserve profile` record is in the cache directory."""
+    import json
+
+    from control_plane.cli import build_parser
+    from control_plane.cli_args import instance_config
+
+    (tmp_path / "profile.json").write_text(json.dumps(PROFILE))
+    config = instance_config(build_parser().parse_args(
+        ["instance", "--role", "coupled", "--cache-dir", str(tmp_path), "--max-num-seqs", "10",
+         *flags]))
+    runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
+                             kv_layout=KVLayout(1, 32, 4, 1, 2, "float32"),
+                             resolved=SimpleNamespace(name="tiny"), dtype_name="float32")
+    ctx = RoleContext("coupled-0", config, runner, KVCacheManager(32, 4), None, FakeOutbox(),
+                      "tcp://me")
+    return config, CoupledRole(ctx)
+
+
+def test_the_tbt_slo_flag_sets_the_policys_token_budget_from_the_profile(tmp_path):
+    config, role = role_from_flags(tmp_path, "--policy", "sarathi", "--tbt-slo", "0.05005")
+    assert config.coupled_tbt_slo_s == 0.05005
+    # 0.010 + 0.0001 (T - 1) + 0.0091 (10 decodes' extra) <= 0.05005 s: T = 310
+    assert role.scheduler.batch.max_num_batched_tokens == 310
+    _, role = role_from_flags(tmp_path, "--policy", "sarathi")
+    assert role.scheduler.batch.max_num_batched_tokens == 512  # no SLO: the flag's budget
+    with pytest.raises(ConfigError, match="needs forward costs"):  # a runner with no model
+        make_role("sarathi", coupled_tbt_slo_s=0.05)
+
+
+def test_fastserve_predicts_with_the_recorded_profile(tmp_path):
+    _, role = role_from_flags(tmp_path, "--policy", "fastserve")
+    assert role.scheduler.profiler.q1 == 0.011  # the profiled decode step, not 0.02
+    assert role.scheduler.profiler.source == str(tmp_path / "profile.json")
+    assert role.scheduler.costs.forward_s(101) == pytest.approx(0.020)
+    _, role = role_from_flags(tmp_path, "--policy", "sarathi")
+    assert role.scheduler.costs is None  # sarathi without an SLO predicts nothing
