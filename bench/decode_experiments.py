@@ -6,7 +6,8 @@ intra (Fig. 18): one decode instance whose KV pool is small enough to constrain 
     predictor at granularity 1) and, given `--predictor DIR`, with a trained predictor. Reports
     mean JCT and the decode instance's preemptions.
 inter (Fig. 19): K decode instances, 32 requests per instance, power-of-two (ours, and the
-    paper's literal heavy:light ratio rule) vs random vs imbalance (oracle buckets of 200 tokens, heavy = over 128). Reports the total decoding time
+    paper's literal heavy:light ratio rule) vs random vs round robin vs imbalance (`--policies`;
+    oracle buckets of 200 tokens, heavy = over 128). Reports the total decoding time
     (first admission to last finish over all decode instances) and the heavy/light counts of the
     slowest instance.
 
@@ -40,6 +41,7 @@ class DecodeExperimentOptions:
     decode_blocks: int = 160  # intra: the constrained KV pool (blocks of 16 tokens)
     predictor: str | None = None  # a trained predictor directory (intra, "predicted" series)
     seed: int = 0
+    policies: str = "power_of_two,power_of_two_ratio,random,round_robin,imbalance"  # inter
     extra_args: tuple[str, ...] = ()
     out: str = "results/decode_experiments"
 
@@ -89,7 +91,7 @@ def intra(options: DecodeExperimentOptions) -> list[dict]:
 def inter(options: DecodeExperimentOptions) -> list[dict]:
     requests = _workload(options, 32 * options.decodes)
     rows = []
-    for policy in ("power_of_two", "power_of_two_ratio", "random", "imbalance"):
+    for policy in options.policies.split(","):
         args = ["--decode", str(options.decodes), "--dispatch-policy", policy, "--predictor",
                 "oracle", "--oracle-granularity", "200", *options.extra_args]
         records, view = _run(args, requests, Path(options.out) / f"{policy}.log")

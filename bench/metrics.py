@@ -11,10 +11,13 @@ Definitions (all in seconds, over successful requests only):
   None unless the caller passes server-side values (`queueing_delays`).
 - Goodput: requests meeting both a TTFT and a TBT SLO (see `meets_slo`), as a fraction of all
   requests and per second.
+- Instance time (TetriInfer's cost basis): every instance is paid for the whole run's wall time
+  from when it is ready to the end, busy or idle (`wall_usage`).
 - Resource usage: instance-seconds of forward work during the run, the sum over instances of the
-  change in `busy_seconds` that `GET /cluster` reports (TetriInfer's resource usage time).
-- perf/$: output tokens of successful requests per instance-second of resource usage, times
-  1 / `cost_per_instance_second` (1.0: every instance costs the same). docs/coupled.md.
+  change in `busy_seconds` that `GET /cluster` reports (`resource_usage`).
+- perf/$: output tokens of successful requests per instance-second of instance time, times
+  1 / `cost_per_instance_second` (1.0: every instance costs the same); beside it
+  `perf_per_busy_dollar`, the same per busy instance-second. docs/coupled.md.
 `errors` counts the most common error messages, so a failed run says why at a glance.
 Percentiles use numpy's linear interpolation. Empty inputs give None, never an exception.
 """
@@ -113,9 +116,29 @@ def goodput(records: Sequence[RequestRecord], duration_s: float, ttft_slo_s: flo
                                                duration_s)}
 
 
+def _instances(cluster: dict | list) -> list[dict]:
+    return cluster.get("instances", []) if isinstance(cluster, dict) else cluster
+
+
 def _busy_by_instance(cluster: dict | list) -> dict[str, float]:
-    instances = cluster.get("instances", []) if isinstance(cluster, dict) else cluster
-    return {row["instance_id"]: float(row.get("busy_seconds", 0.0)) for row in instances}
+    return {row["instance_id"]: float(row.get("busy_seconds", 0.0)) for row in _instances(cluster)}
+
+
+def wall_usage(before: dict | list, after: dict | list, wall_seconds: float) -> dict:
+    """Instance-seconds paid for a run of `wall_seconds` between two `GET /cluster` answers:
+    an instance present before pays the whole run; one that came up during the run pays from
+    its first report (`uptime_s` in the answer after; the whole run when the answer lacks it);
+    one lost during the run pays to the end (it was paid for until replaced; when it died is not
+    known here)."""
+    start = set(_busy_by_instance(before))
+    per_instance = {}
+    for row in _instances(after):
+        ready_for = wall_seconds if row["instance_id"] in start else \
+            float(row.get("uptime_s", wall_seconds))
+        per_instance[row["instance_id"]] = min(max(ready_for, 0.0), wall_seconds)
+    per_instance.update({i: wall_seconds for i in start - set(per_instance)})
+    return {"instance_seconds": sum(per_instance.values()), "per_instance": per_instance,
+            "wall_seconds": wall_seconds, "num_instances": len(per_instance)}
 
 
 def resource_usage(before: dict | list, after: dict | list) -> dict:
@@ -137,10 +160,16 @@ def perf_per_dollar(output_tokens: int, instance_seconds: float,
 
 
 def cost_report(summary: dict, before: dict | list, after: dict | list,
-                cost_per_instance_second: float = 1.0) -> dict:
-    """Resource usage and perf/$ of a run, from its summary and the /cluster answers around it."""
-    usage = resource_usage(before, after)
-    return {"resource_usage": usage, "cost_per_instance_second": cost_per_instance_second,
-            "perf_per_dollar": perf_per_dollar(summary["total_output_tokens"],
-                                               usage["instance_seconds"],
-                                               cost_per_instance_second)}
+                wall_seconds: float | None = None, cost_per_instance_second: float = 1.0) -> dict:
+    """Instance time, resource usage and perf/$ of a run (per instance time: the primary one;
+    per busy time beside it), from its summary and the /cluster answers around it.
+    `wall_seconds`: the run's wall time; by default its duration, first send to last finish."""
+    wall = summary["duration_s"] if wall_seconds is None else wall_seconds
+    paid, busy = wall_usage(before, after, wall), resource_usage(before, after)
+    tokens = summary["total_output_tokens"]
+    return {"wall_usage": paid, "resource_usage": busy,
+            "cost_per_instance_second": cost_per_instance_second,
+            "perf_per_dollar": perf_per_dollar(tokens, paid["instance_seconds"],
+                                               cost_per_instance_second),
+            "perf_per_busy_dollar": perf_per_dollar(tokens, busy["instance_seconds"],
+                                                    cost_per_instance_second)}

@@ -127,8 +127,12 @@ def run_up(config: GatewayConfig, counts: dict[str, int], shared: InstanceConfig
         raise ConfigError("need at least one prefill and one decode instance, or a coupled one")
     gateway, aliases = build_gateway(config)  # resolves (and converts) the model once
     inbox = f"tcp://{config.host}:{config.inbox_port}"
-    instances = [spawn_instance(instance_of(shared, role, i, inbox), log_dir)
-                 for role, count in counts.items() for i in range(count)]
+    configs = [instance_of(shared, role, i, inbox)
+               for role, count in counts.items() for i in range(count)]
+    # not serving, and no placement, until every one has reported (a partial view at start-up
+    # would put the first requests on the decode instances that came up first)
+    gateway.registry.expect(one.instance_id for one in configs)
+    instances = [spawn_instance(one, log_dir) for one in configs]
     summary = " + ".join(f"{n} {role}" for role, n in counts.items() if n)
     print(f"splitserve: starting {summary} instances (model {gateway.served_name}); gateway at "
           f"http://{config.host}:{config.port}", flush=True)

@@ -5,6 +5,12 @@ A lease is the promise to keep a sequence's KV blocks until the decode instance 
 is done. Chunk-level: the offer goes out after the first chunk (final=False), a KVChunkReady after
 each further chunk, and a final KVChunkReady with the first token; each notice extends the lease.
 A prefilled sequence no decode instance can take yet is held until the next offer.
+
+The dispatcher sees a current picture: the last view (`see`) with this instance's own placements
+that the view does not show yet added to it (prefill_instance/placements.py says when a
+placement is in a view: exactly when that decode instance's report acknowledges the offer's
+number). A view sent while the cluster is still starting (`complete` False) may lack decode
+instances that are about to report: nothing is placed from it; sequences are held meanwhile.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from common.engine.role import RoleContext
 from common.protocol import AbortRequest, ClusterView, KVChunkReady, KVTransferOffer, PeerInfo
 from common.sequence import Sequence
 from prefill_instance.dispatcher import Dispatcher
+from prefill_instance.placements import PendingPlacements, Placement, next_offer_number
 
 
 @dataclass
@@ -33,11 +40,13 @@ class Handoffs:
         self.decodes: list[PeerInfo] = []
         self.leases: dict[str, Lease] = {}
         self.undispatched: list[Sequence] = []  # prefilled, waiting for a decode instance
+        self.placements = PendingPlacements(ctx.instance_id)
 
     def see(self, view: ClusterView) -> list[str]:
         """Take the cluster monitor's broadcast: the decode instances to offer to from now on.
         Leases to instances it reports dead are void; returns their request ids."""
-        self.decodes = view.decodes
+        decodes = self.placements.see(view.decodes)
+        self.decodes = decodes if view.complete else []
         return [request_id for dead in view.dead for request_id in self.void_to(dead)]
 
     # -- sequences waiting for a decode instance -------------------------------------------------
@@ -65,10 +74,15 @@ class Handoffs:
 
     def offer(self, seq: Sequence, final: bool) -> PeerInfo | None:
         """Pick a decode instance and offer it the sequence's blocks; None if none is known."""
-        decode = self.dispatcher.pick(seq, self.decodes)
+        decode = self.dispatcher.pick(seq, [self.placements.adjusted(d) for d in self.decodes])
         if decode is None:
             return None
         self.leases[seq.seq_id] = Lease(seq, decode, time.monotonic() + self.lease_s)
+        number = next_offer_number()
+        options = self.dispatcher.options
+        self.placements.placed(decode.instance_id, seq.seq_id, Placement(
+            number, options.prediction.is_heavy(seq.meta.prediction),
+            -(-(seq.num_tokens + 1) // options.block_size)))  # as the receiver's admission
         self.ctx.send(decode.inbox, KVTransferOffer(
             request_id=seq.seq_id, token_ids=list(seq.token_ids),
             num_prompt_tokens=seq.num_prompt_tokens, sampling=seq.sampling,
@@ -77,7 +91,7 @@ class Handoffs:
             block_ids=list(self.ctx.kv.table(seq.seq_id)),
             num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + self.lease_s,
             arrival_time=seq.meta.arrival_wall, deadline=seq.meta.deadline, final=final,
-            prediction=seq.meta.prediction))
+            prediction=seq.meta.prediction, offer_number=number))
         return decode
 
     def notify(self, seq: Sequence, final: bool) -> None:
@@ -102,15 +116,19 @@ class Handoffs:
         void = [r for r, lease in self.leases.items() if lease.decode.instance_id == instance_id]
         for request_id in void:
             del self.leases[request_id]
+        self.placements.forget(instance_id)
         return void
 
     def exclude(self, instance_id: str) -> None:
-        """Stop offering to an instance until the next broadcast lists it again."""
+        """Stop offering to an instance until the next broadcast lists it again. It refused an
+        offer, being about to flip: none of our offers will count there."""
         self.decodes = [d for d in self.decodes if d.instance_id != instance_id]
+        self.placements.forget(instance_id)
 
     def expired(self) -> list[Lease]:
         now = time.monotonic()
         gone = [lease for lease in self.leases.values() if now > lease.expires]
         for lease in gone:
             del self.leases[lease.seq.seq_id]
+            self.placements.withdraw(lease.seq.seq_id)  # the decode instance drops it too
         return gone

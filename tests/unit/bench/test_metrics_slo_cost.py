@@ -12,6 +12,7 @@ from bench.metrics import (
     perf_per_dollar,
     resource_usage,
     summarize,
+    wall_usage,
 )
 
 
@@ -57,14 +58,37 @@ def test_resource_usage_is_the_busy_time_added_during_the_run():
     assert lists["instance_seconds"] == 2.0
 
 
+def test_every_instance_pays_the_run_wall_time_from_when_it_is_ready():
+    before = cluster(p=10.0, d=4.0, gone=1.0)
+    after = {"instances": [{"instance_id": "p", "busy_seconds": 11.0, "uptime_s": 500.0},
+                           {"instance_id": "d", "busy_seconds": 4.0, "uptime_s": 500.0},
+                           {"instance_id": "late", "busy_seconds": 0.5, "uptime_s": 3.0},
+                           {"instance_id": "unknown", "busy_seconds": 0.5}]}
+    usage = wall_usage(before, after, wall_seconds=20.0)
+    # idle "d" pays like busy "p"; "late" from its first report; "gone" (lost) to the end; an
+    # answer without uptime charges the whole run
+    assert usage["per_instance"] == {"p": 20.0, "d": 20.0, "late": 3.0, "unknown": 20.0,
+                                     "gone": 20.0}
+    assert usage["instance_seconds"] == 83.0 and usage["num_instances"] == 5
+
+
 def test_perf_per_dollar_is_output_tokens_per_costed_instance_second():
     assert perf_per_dollar(600, 3.0) == 200.0
     assert perf_per_dollar(600, 3.0, cost_per_instance_second=2.0) == 100.0
     assert perf_per_dollar(600, 0.0) is None
     records = [record(0, 0.1, [0.05] * 5)]
     summary = summarize(records, 1.0)
-    report = cost_report(summary, cluster(a=1.0), cluster(a=4.0))
-    assert report["perf_per_dollar"] == summary["total_output_tokens"] / 3.0
+    tokens = summary["total_output_tokens"]
+    # two instances over a 10 s run, busy 3 s and 1 s: paid 20 instance-seconds, busy 4
+    report = cost_report(summary, cluster(a=1.0, b=0.0), cluster(a=4.0, b=1.0), wall_seconds=10.0)
+    assert report["perf_per_dollar"] == tokens / 20.0
+    assert report["perf_per_busy_dollar"] == tokens / 4.0
+    assert report["wall_usage"]["instance_seconds"] == 20.0
+    priced = cost_report(summary, cluster(a=1.0), cluster(a=4.0), wall_seconds=10.0,
+                         cost_per_instance_second=2.0)
+    assert priced["perf_per_dollar"] == tokens / 20.0
+    # without a wall time, the run's duration (first send to last finish) is paid
+    assert cost_report(summary, cluster(a=1.0), cluster(a=4.0))["perf_per_dollar"] == tokens
 
 
 def test_queueing_delay_is_none_unless_the_server_reports_it():
