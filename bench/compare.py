@@ -2,9 +2,10 @@
 
 Each system is a `splitserve up` layout (or the vLLM CPU server), started fresh, warmed up with
 two requests, then loaded once per seed with the same requests and Poisson arrivals. Reported
-per system: TTFT (mean/p50/p99), TPOT (p50/p99), p99 TBT, JCT, throughput, resource usage
-(instance busy-seconds) and perf/$ (output tokens per instance busy-second), mean and spread
-(standard deviation) over the seeds. Writes JSON, a Markdown table and a PNG.
+per system: TTFT (mean/p50/p99), TPOT (p50/p99), p99 TBT, JCT, throughput, perf/$ (output
+tokens per instance-second of the run's wall time: every instance paid for, busy or idle, as
+TetriInfer costs hardware) and perf/$ per busy instance-second, mean and spread (standard
+deviation) over the seeds. Writes JSON, a Markdown table and a PNG.
 
 Hardware is shared equally: on this 2-core machine the disaggregated cluster runs one prefill
 and one decode instance with one torch thread each; a co-located system runs one instance with
@@ -18,13 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench import multiturn
 from bench.client import run_load
 from bench.cluster import ClusterProcess
 from bench.metrics import cost_report, run_duration, summarize
-from bench.run import BenchOptions, load_tokenizer
+from bench.run import BenchOptions, add_multiturn_args, load_tokenizer, multiturn_fields
 from bench.workload import poisson_arrivals, sample_sharegpt_requests
 
 COUPLED = ("vllm", "orca", "sarathi", "chunked-only", "hybrid-only", "fastserve")
@@ -38,7 +41,9 @@ SYSTEM_ARGS = {"disagg": DISAGG,
 class CompareOptions:
     systems: tuple[str, ...] = ("disagg", "vllm", "sarathi")
     custom: tuple[str, ...] = ()  # NAME=FLAGS for more `splitserve up` layouts
-    workload: str = "sharegpt"  # sharegpt (first turns, EOS allowed) or LPLD/LPHD/HPLD/HPHD/Mixed
+    # sharegpt (first turns, EOS allowed), LPLD/LPHD/HPLD/HPHD/Mixed, or multiturn
+    # (bench.multiturn: num_requests conversations, starting at `rate` per second)
+    workload: str = "sharegpt"
     num_requests: int = 50
     rate: float = 2.0
     max_tokens: int = 128
@@ -52,6 +57,11 @@ class CompareOptions:
     layout: str = "equal"
     extra_args: tuple[str, ...] = ()  # flags for every `splitserve up`
     out: str = "results/compare"
+    # multiturn workload only (bench.multiturn.MultiTurnOptions)
+    max_turns: int = 4
+    think_time_s: float = 1.0
+    think_time_dist: str = "exponential"
+    max_history_tokens: int = 1500
 
 
 def system_args(name: str, options: CompareOptions) -> list[str] | None:
@@ -98,11 +108,15 @@ class VllmCpuSystem:
 
 
 def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
-    """(requests, ignore_eos) for one seed."""
+    """(requests, ignore_eos) for one seed; multiturn: (conversations, ignore_eos)."""
     tokenizer = load_tokenizer(BenchOptions())
     if options.workload == "sharegpt":
         return (sample_sharegpt_requests(tokenizer, options.num_requests, options.max_tokens,
                                          seed), options.ignore_eos)
+    if options.workload == "multiturn":
+        return (multiturn.plan_conversations(tokenizer, options.num_requests,
+                                             multiturn.settings_of(options), seed),
+                options.ignore_eos)
     from bench.workloads import ClassThresholds, sample_workload
 
     limits = ClassThresholds(heavy_prompt_tokens=options.heavy_prompt_tokens,
@@ -112,26 +126,48 @@ def workload(options: CompareOptions, seed: int) -> tuple[list, bool]:
 
 
 async def _warm_up(url: str, model: str, requests: list, options: CompareOptions) -> None:
+    if options.workload == "multiturn":
+        await multiturn.warm_up(url, model, requests, options.temperature, options.top_p)
+        return
     await run_load(url, model, requests[:2], [0.0, 0.0], progress=False,
                    temperature=options.temperature, top_p=options.top_p)
+
+
+async def _replay(url: str, model: str, requests: list, arrivals: list[float],
+                  ignore_eos: bool, options: CompareOptions) -> list:
+    """The run's records: requests in an open loop, or conversations turn by turn."""
+    if options.workload == "multiturn":
+        return await multiturn.run_conversations(
+            url, model, requests, arrivals, options.max_history_tokens, ignore_eos=ignore_eos,
+            temperature=options.temperature, top_p=options.top_p, progress=False)
+    return await run_load(url, model, requests, arrivals, ignore_eos=ignore_eos,
+                          progress=False, temperature=options.temperature, top_p=options.top_p)
+
+
+def _summary(records: list, options: CompareOptions) -> dict:
+    if options.workload == "multiturn":
+        return multiturn.summarize_turns(records)  # adds TTFT by turn index
+    return summarize(records, run_duration(records))
 
 
 def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
              options: CompareOptions, cluster: ClusterProcess | None) -> dict:
     before = cluster.cluster() if cluster else None
     arrivals = poisson_arrivals(len(requests), options.rate, seed)
-    records = asyncio.run(run_load(url, model, requests, arrivals, ignore_eos=ignore_eos,
-                                   progress=False, temperature=options.temperature,
-                                   top_p=options.top_p))
-    summary = summarize(records, run_duration(records))
+    started = time.monotonic()
+    records = asyncio.run(_replay(url, model, requests, arrivals, ignore_eos, options))
+    wall_seconds = time.monotonic() - started  # what every instance is paid for
+    summary = _summary(records, options)
     per_token = [r.jct / r.output_tokens for r in records
                  if r.error is None and r.jct and r.output_tokens]
     summary["normalized_latency_s"] = ({"mean": statistics.mean(per_token),
                                         "p95": statistics.quantiles(per_token, n=20)[-1]}
                                        if len(per_token) > 1 else None)
-    summary["slowest_ttft"] = slowest_ttft(records, requests)
+    # A multiturn record carries its own prompt estimate (requests are conversations there).
+    summary["slowest_ttft"] = slowest_ttft(
+        records, records if options.workload == "multiturn" else requests)
     if cluster is not None:
-        summary["cost"] = cost_report(summary, before, cluster.cluster())
+        summary["cost"] = cost_report(summary, before, cluster.cluster(), wall_seconds)
     return summary
 
 
@@ -182,21 +218,33 @@ METRICS = {  # name -> (path in the summary, scale, unit)
     "TPOT p99": (("tpot_s", "p99"), 1e3, "ms"), "TBT p99": (("tbt_s", "p99"), 1e3, "ms"),
     "JCT mean": (("jct_s", "mean"), 1e3, "ms"),
     "output tok/s": (("throughput", "output_tokens_per_s"), 1, ""),
-    "perf/$": (("cost", "perf_per_dollar"), 1, "tok per busy-s"),
+    "perf/$": (("cost", "perf_per_dollar"), 1, "tok per instance-s"),
+    "perf/$ busy": (("cost", "perf_per_busy_dollar"), 1, "tok per busy-s"),
     "norm. latency mean": (("normalized_latency_s", "mean"), 1e3, "ms/token"),
     "norm. latency p95": (("normalized_latency_s", "p95"), 1e3, "ms/token"),
 }
 
 
-def _value(summary: dict, path: tuple[str, str]) -> float | None:
-    node = summary.get(path[0]) or {}
-    return node.get(path[1]) if isinstance(node, dict) else None
+TURN_METRICS = {  # the multiturn workload's: TTFT of conversations' first and later turns
+    "TTFT p50 turn 1": (("by_turn", "1", "ttft_s", "p50"), 1e3, "ms"),
+    "TTFT p99 turn 1": (("by_turn", "1", "ttft_s", "p99"), 1e3, "ms"),
+    "TTFT p50 later turns": (("by_turn", "later", "ttft_s", "p50"), 1e3, "ms"),
+    "TTFT p99 later turns": (("by_turn", "later", "ttft_s", "p99"), 1e3, "ms"),
+}
+
+
+def _value(summary: dict, path: tuple[str, ...]) -> float | None:
+    node = summary
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 def aggregate(runs: list[dict]) -> dict:
     """Mean and standard deviation over the seeds of each reported metric."""
     result = {}
-    for metric, (path, scale, _unit) in METRICS.items():
+    metrics = {**METRICS, **TURN_METRICS} if any("by_turn" in r for r in runs) else METRICS
+    for metric, (path, scale, _unit) in metrics.items():
         values = [v * scale for v in (_value(r, path) for r in runs) if v is not None]
         result[metric] = {"mean": statistics.mean(values) if values else None,
                           "std": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -205,11 +253,12 @@ def aggregate(runs: list[dict]) -> dict:
 
 
 def table(results: dict[str, dict]) -> str:
-    header = "| system | " + " | ".join(METRICS) + " | errors |"
-    lines = [header, "|" + "---|" * (len(METRICS) + 2)]
+    shown = [m for m in {**METRICS, **TURN_METRICS} if any(m in a for a in results.values())]
+    header = "| system | " + " | ".join(shown) + " | errors |"
+    lines = [header, "|" + "---|" * (len(shown) + 2)]
     for name, agg in results.items():
-        cells = [f"{agg[m]['mean']:.1f} ± {agg[m]['std']:.1f}" if agg[m]["mean"] is not None
-                 else "-" for m in METRICS]
+        cells = [f"{agg[m]['mean']:.1f} ± {agg[m]['std']:.1f}"
+                 if m in agg and agg[m]["mean"] is not None else "-" for m in shown]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {agg['errors']} |")
     return "\n".join(lines)
 
@@ -262,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--system", action="append", default=[], metavar="NAME=FLAGS",
                         help="a custom layout: NAME and its `splitserve up` flags")
     parser.add_argument("--workload", default="sharegpt",
-                        help="sharegpt, LPLD, LPHD, HPLD, HPHD or Mixed")
+                        help="sharegpt, LPLD, LPHD, HPLD, HPHD, Mixed or multiturn "
+                             "(--num-requests conversations starting at --rate per second)")
     parser.add_argument("--num-requests", type=int, default=50)
     parser.add_argument("--rate", type=float, default=2.0)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -279,6 +329,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="every request's top_p (default: the server's)")
     parser.add_argument("--layout", default="equal", choices=["equal", "replicas", "paper"])
     parser.add_argument("--out", default="results/compare")
+    add_multiturn_args(parser, CompareOptions())
     args, up_args = parser.parse_known_args(argv)
     run_compare(CompareOptions(
         systems=tuple(s for s in args.systems.split(",") if s), custom=tuple(args.system),
@@ -288,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         heavy_output_tokens=args.heavy_output_tokens,
         seeds=tuple(int(s) for s in args.seeds.split(",")), layout=args.layout,
         temperature=args.temperature, top_p=args.top_p,
-        extra_args=tuple(a for a in up_args if a != "--"), out=args.out))
+        extra_args=tuple(a for a in up_args if a != "--"), out=args.out,
+        **multiturn_fields(args)))
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ class CacheConfig:
     memory_gib: float = 1.0
     # Allocate the KV tensor in POSIX shared memory so a same-host peer can map it (shm transfer).
     shared_memory: bool = False
+    # Share the KV of equal prompt prefixes between sequences (common.block_pool's prefix cache).
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         _require(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
@@ -275,6 +277,9 @@ class InstanceConfig:
     coupled_swap_blocks: int | None = None  # None = the policy's default
     coupled_swap_bandwidth: float | None = None  # bytes/s; None = memcpy speed
     coupled_options: tuple[tuple[str, float], ...] = ()
+    # TBT SLO in seconds: the token budget becomes the largest forward the profile says fits it
+    # (common.schedulers.costs.token_budget_for_tbt); None = engine.batch's budget as given.
+    coupled_tbt_slo_s: float | None = None
 
     def __post_init__(self) -> None:
         _require(self.report_interval_s > 0, "report interval must be > 0")
@@ -313,6 +318,28 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class RoutingConfig:
+    """Where the gateway sends a request (control_plane/routing.py)."""
+
+    # prefill instance choice, by name in common.plugins.ROUTE_POLICIES
+    policy: str = "cache_aware"
+    # cache_aware: prompt tokens of queued work one cached prompt token is worth
+    overlap_weight: float = 1.0
+    # conditional disaggregation: "off", "on" (threshold below), or "auto" (threshold from the
+    # `splitserve profile` record when there is one, else the one below)
+    local_prefill: str = "auto"
+    # a decode instance prefills a request itself when the prompt's part it has not cached is
+    # at most this many tokens (and its queue is short)
+    local_prefill_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        _require(self.local_prefill in ("off", "on", "auto"),
+                 f"local_prefill must be off, on or auto, got {self.local_prefill!r}")
+        _require(self.local_prefill_tokens >= 0, "local_prefill_tokens must be >= 0")
+        _require(self.overlap_weight >= 0, "overlap_weight must be >= 0")
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8000
@@ -334,6 +361,7 @@ class GatewayConfig:
     max_recoveries: int = 2  # times a request is run again after its instance failed
     flip_policy: str = "none"  # transition watcher policy (control_plane.transition)
     flip_options: tuple[tuple[str, float], ...] = ()  # policy/watcher knobs, e.g. cooldown_s
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")

@@ -15,6 +15,7 @@ time its name is asked for.
     admission policy   splitserve.admission_policies   an AdmissionPolicy (decode_instance)
     flip policy        splitserve.flip_policies        a FlipPolicy (control_plane.transition)
     predictor kind     splitserve.predictors           a LengthPredictor (length_predictor)
+    route policy       splitserve.route_policies       a RoutePolicy (control_plane.routing)
 
 Implementations are typed here only as `type` or `Callable`: their interfaces live in packages
 that `common` must not import.
@@ -34,10 +35,11 @@ ADMISSION_POLICIES: Registry[type] = Registry("decode admission policy",
                                               group="splitserve.admission_policies")
 FLIP_POLICIES: Registry[type] = Registry("flip policy", group="splitserve.flip_policies")
 PREDICTORS: Registry[type] = Registry("length predictor kind", group="splitserve.predictors")
+ROUTE_POLICIES: Registry[type] = Registry("route policy", group="splitserve.route_policies")
 
 REGISTRIES: dict[str, Registry] = {
     "role": ROLES, "kv_backend": BACKENDS, "coupled_policy": COUPLED_POLICIES,
     "prefill_policy": PREFILL_POLICIES, "dispatch_policy": DISPATCH_POLICIES,
     "admission_policy": ADMISSION_POLICIES, "flip_policy": FLIP_POLICIES,
-    "predictor": PREDICTORS,
+    "predictor": PREDICTORS, "route_policy": ROUTE_POLICIES,
 }

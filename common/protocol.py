@@ -5,13 +5,15 @@ what:
 
     gateway  -> prefill   GenerateRequest, AbortRequest, ClusterView (cluster monitor broadcast,
                           over the gateway inbox or the store's pub/sub)
-    gateway  -> decode    AbortRequest
+    gateway  -> decode    AbortRequest, GenerateRequest (local_prefill: conditional
+                          disaggregation, the prompt is mostly in its prefix cache)
     gateway  -> instance  FlipCommand, Shutdown
     prefill  -> decode    KVTransferOffer (a prefilled sequence and where its KV blocks are),
                           KVChunkReady (chunk-level: more of its KV is ready)
     decode   -> prefill   KVTransferDone (lease released: the blocks may be freed)
     instance -> gateway   InstanceStats (every report interval, or to the store), TokenBatch
-                          (generated tokens), FlipReport
+                          (generated tokens), FlipReport, KVCacheEvents (prefix-cache
+                          changes, over the gateway inbox or the store's pub/sub)
 
 Every request has one id, set by the gateway, that every later message carries.
 """
@@ -50,6 +52,12 @@ class GenerateRequest(Message):
     # A recovered request: the last `num_generated` tokens of prompt_token_ids were already
     # generated (and streamed) by an instance that failed; they count as output.
     num_generated: int = 0
+    # Conditional disaggregation: sent to a decode instance that holds most of the prompt in its
+    # prefix cache, which prefills the rest itself instead of receiving it from a prefill one.
+    local_prefill: bool = False
+    # Cache-aware dispatch: decode instance id -> prompt tokens the gateway's prefix index says
+    # it holds cached (only instances holding some; the dispatcher ranks its choices by it).
+    decode_cached_tokens: dict[str, int] = {}
 
 
 class AbortRequest(Message):
@@ -69,12 +77,21 @@ class PeerInfo(msgspec.Struct, omit_defaults=True):
     num_waiting: int = 0
     num_heavy: int = 0  # running decodes predicted heavy
     num_light: int = 0
+    # As the monitor builds it (control_plane/cluster.py: decode_peer): num_running, num_heavy
+    # and num_light count every sequence offered there and not finished (waiting, being read,
+    # decoding); num_free_blocks leaves out the blocks waiting offers will take.
+    # Prefill instance id -> the number of its last offer received (prefill_instance/placements.py)
+    offers_seen: dict[str, int] = {}
+    report_time: float = 0.0  # the decode instance's clock at that report (orders reports)
 
 
 class ClusterView(Message):
     decodes: list[PeerInfo]  # ready decode instances that accept new sequences
     timestamp: float = 0.0
     dead: list[str] = []  # instances declared dead recently: leases held for them are void
+    # False while the cluster starts and an instance it was launched with has not reported yet:
+    # `decodes` may be missing some, so a prefill instance places nothing from this view.
+    complete: bool = True
 
 
 class FlipCommand(Message):
@@ -114,6 +131,9 @@ class KVTransferOffer(Message):
     # generated token yet.
     final: bool = True
     prediction: LengthPrediction | None = None  # the length predictor's bucket for this sequence
+    # Increasing per prefill process; the decode instance reports the last one it received from
+    # each prefill instance (InstanceStats.offers_seen; prefill_instance/placements.py)
+    offer_number: int = 0
 
 
 class KVChunkReady(Message):
@@ -176,6 +196,33 @@ class InstanceStats(Message):
     num_finished_light: int = 0
     first_admit_time: float = 0.0  # wall clock of the first sequence admitted
     last_finish_time: float = 0.0  # wall clock of the last sequence finished
+    # Decode instances, now: offers held and not decoding yet (waiting for admission or being
+    # read), by prediction; the blocks the waiting ones will take on admission (those being read
+    # hold theirs already); prefill instance id -> the number of the last offer received from it.
+    num_incoming_heavy: int = 0
+    num_incoming_light: int = 0
+    num_reserved_blocks: int = 0
+    offers_seen: dict[str, int] = {}
+    # Prefix cache, cumulative since start (hit rate = hit / query tokens), and blocks cached now;
+    # decode instances: blocks of received sequences read from a prefill instance or found here.
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    num_cached_blocks: int = 0
+    kv_blocks_read: int = 0
+    kv_blocks_skipped: int = 0
+    num_local_prefills: int = 0  # decode: requests it prefilled itself (conditional disagg.)
+
+
+class KVCacheEvents(Message):
+    """An instance's prefix-cache changes since its last events (block hashes of
+    common.block_pool, chained over `block_size`-token blocks); with `snapshot`, `stored` is
+    every hash cached now and replaces what was known. Gateways route by them."""
+
+    instance_id: str
+    block_size: int
+    stored: list[int] = []
+    removed: list[int] = []
+    snapshot: bool = False
 
 
 class TokenUpdate(msgspec.Struct, omit_defaults=True):
@@ -199,7 +246,8 @@ class Shutdown(Message):
 
 
 AnyMessage = Union[GenerateRequest, AbortRequest, ClusterView, KVTransferOffer, KVTransferDone,
-                   InstanceStats, TokenBatch, Shutdown, FlipCommand, FlipReport, KVChunkReady]
+                   InstanceStats, TokenBatch, Shutdown, FlipCommand, FlipReport, KVChunkReady,
+                   KVCacheEvents]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

@@ -12,7 +12,7 @@ holds the sequence's blocks, the one copy of every table.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from common.block_pool import KVCacheManager
@@ -50,6 +50,8 @@ class SequenceMeta:
     # The predicted output bucket; a decode instance moves it on when the output outgrows it.
     prediction: LengthPrediction | None = None
     first_prediction: LengthPrediction | None = None  # as it arrived, to score the predictor
+    # decode instance id -> prompt tokens the gateway saw cached there (cache-aware dispatch)
+    decode_cached: dict[str, int] = field(default_factory=dict)
 
     def is_past_deadline(self, wall_now: float) -> bool:
         return bool(self.deadline) and wall_now > self.deadline

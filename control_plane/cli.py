@@ -245,7 +245,7 @@ BENCH_EXPERIMENTS = {
     "transfer-emulation": "bench.transfer_emulation",
     "transfer-throughput": "bench.transfer_throughput",
     "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
-    "interference": "bench.interference",
+    "interference": "bench.interference", "prefix-repeat": "bench.prefix_repeat",
     "overload": "bench.overload", "stack-ceiling": "bench.stack_ceiling",
 }
 

@@ -27,6 +27,7 @@ from common.config import (
     ModelConfig,
     PredictionConfig,
     PrefillConfig,
+    RoutingConfig,
     TransferConfig,
 )
 from common.plugins import (
@@ -35,6 +36,7 @@ from common.plugins import (
     DISPATCH_POLICIES,
     FLIP_POLICIES,
     PREFILL_POLICIES,
+    ROUTE_POLICIES,
 )
 from common.registry import Registry
 from common.transfer import BACKENDS
@@ -67,6 +69,8 @@ def add_engine_args(parser: argparse.ArgumentParser, *, default_tokens: int = 51
     group.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default: fit "
                                                                      "--kv-memory-gib)")
     group.add_argument("--kv-memory-gib", type=float, default=1.0)
+    group.add_argument("--no-prefix-cache", action="store_true",
+                       help="turn off the prefix cache (every prompt is prefilled whole)")
     group.add_argument("--threads", type=int, default=None, help="torch threads per process")
     group.add_argument("--max-num-seqs", type=int, default=128)
     group.add_argument("--max-num-batched-tokens", type=int, default=default_tokens,
@@ -87,7 +91,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           num_threads=args.threads, cuda_graphs=not args.no_cuda_graphs,
                           cuda_graph_max_batch=args.cuda_graph_max_batch),
         cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
-                          memory_gib=args.kv_memory_gib),
+                          memory_gib=args.kv_memory_gib,
+                          prefix_caching=not args.no_prefix_cache),
         batch=BatchConfig(max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens),
         seed=args.seed)
@@ -150,6 +155,9 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                          help="emulated host-swap bandwidth in bytes/s")
     coupled.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                          help="policy knob, e.g. num_queues=8 (repeatable)")
+    coupled.add_argument("--tbt-slo", type=float, default=None, metavar="SECONDS",
+                         help="TBT SLO: the token budget becomes the largest forward whose "
+                              "profiled time fits it (default: --max-num-batched-tokens)")
 
 
 def instance_config(args: argparse.Namespace) -> InstanceConfig:
@@ -175,6 +183,7 @@ def cluster_instance_config(args: argparse.Namespace) -> InstanceConfig:
         cluster_secret_file=args.cluster_secret_file,
         coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
         coupled_options=key_values(args.policy_option, "--policy-option"),
+        coupled_tbt_slo_s=args.tbt_slo,
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout,
@@ -236,6 +245,16 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--token-timeout", type=float, default=60.0)
     group.add_argument("--gateway-id", default="", help="unique per gateway replica")
     add_plugin_arg(group, "--flip-policy", FLIP_POLICIES, "none", "transition watcher policy")
+    add_plugin_arg(group, "--route-policy", ROUTE_POLICIES, "cache_aware",
+                   "how the gateway picks a prefill instance")
+    group.add_argument("--overlap-weight", type=float, default=1.0,
+                       help="cache_aware: queued prompt tokens one cached prompt token is worth")
+    group.add_argument("--local-prefill", default="auto", choices=["off", "on", "auto"],
+                       help="conditional disaggregation: a decode instance prefills a request "
+                            "itself when its uncached prompt is short (auto: the budget from "
+                            "the `splitserve profile` record, else --local-prefill-tokens)")
+    group.add_argument("--local-prefill-tokens", type=int, default=128,
+                       help="uncached prompt tokens a decode instance may prefill itself")
     group.add_argument("--flip-option", action="append", default=[], metavar="KEY=VALUE",
                        help="transition watcher knob, e.g. cooldown_s=10, sustain_ticks=3, "
                             "idle_s=60, ratio=3 (repeatable)")
@@ -313,4 +332,8 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          graceful_shutdown_s=args.graceful_shutdown, limits=limits_config(args),
                          cluster_secret_file=args.cluster_secret_file,
                          max_recoveries=args.max_recoveries,
-                         instance_timeout_s=args.instance_timeout)
+                         instance_timeout_s=args.instance_timeout,
+                         routing=RoutingConfig(policy=args.route_policy,
+                                               overlap_weight=args.overlap_weight,
+                                               local_prefill=args.local_prefill,
+                                               local_prefill_tokens=args.local_prefill_tokens))

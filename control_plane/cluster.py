@@ -4,6 +4,10 @@ Instances register with their first InstanceStats and report every 100 ms; one t
 reported for `instance_timeout_s` is not ready. The global scheduler's choice of a prefill
 instance is least loaded: prompt tokens it reported queued plus those this gateway sent it since
 that report (so a burst does not all land on the instance that looked idle a moment ago).
+
+A cluster started by `splitserve up` names the instances it launched (`expect`): until each has
+reported once the cluster is not serving and the monitor's views say they are incomplete, so no
+request is placed on the first decode instances to come up while the others are loading.
 """
 
 from __future__ import annotations
@@ -15,6 +19,21 @@ from common.protocol import InstanceStats, PeerInfo
 
 
 RATE_SMOOTHING = 0.2  # weight of the newest report in tokens_per_busy_second
+
+
+def decode_peer(stats: InstanceStats) -> PeerInfo:
+    """A decode instance as the dispatchers see it: every sequence offered there and not
+    finished counts as placed (waiting, being read, decoding; heavy or light by prediction),
+    and the blocks its waiting offers will take on admission are not free."""
+    heavy, light = stats.num_incoming_heavy, stats.num_incoming_light
+    return PeerInfo(stats.instance_id, stats.inbox, stats.kv_endpoint,
+                    num_free_blocks=max(stats.num_free_blocks - stats.num_reserved_blocks, 0),
+                    num_total_blocks=stats.num_total_blocks,
+                    num_running=stats.num_running + heavy + light,
+                    num_waiting=stats.num_waiting,
+                    num_heavy=stats.num_heavy_decodes + heavy,
+                    num_light=stats.num_light_decodes + light,
+                    offers_seen=dict(stats.offers_seen), report_time=stats.timestamp)
 
 
 @dataclass
@@ -60,13 +79,24 @@ class InstanceRegistry:
         # With a store, membership is the store's (sync); readiness does not also age here,
         # so a slow store cannot make every instance look dead.
         self.managed_by_store = False
+        self.awaiting: set[str] = set()  # launched with the cluster, not reported yet
+
+    def expect(self, instance_ids) -> None:
+        """The cluster was launched with these instances: it is complete once each reported."""
+        self.awaiting = set(instance_ids) - set(self.instances)
+
+    @property
+    def complete(self) -> bool:
+        return not self.awaiting
 
     def report(self, stats: InstanceStats) -> bool:
         """Record a load report; True when the instance is new (or changed role)."""
         state = self.instances.get(stats.instance_id)
         is_new = state is None or state.stats.role != stats.role
+        self.awaiting.discard(stats.instance_id)
         if state is None:
-            self.instances[stats.instance_id] = InstanceState(stats, time.monotonic())
+            now = time.monotonic()
+            self.instances[stats.instance_id] = InstanceState(stats, now, first_seen=now)
         else:
             previous, state.stats, state.last_seen = state.stats, stats, time.monotonic()
             state.sent_tokens_since_report = state.sent_requests_since_report = 0
@@ -131,9 +161,10 @@ class InstanceRegistry:
         return [s for s in self.ready(role) if not s.draining]
 
     def is_serving(self) -> bool:
-        """A prefill and a decode instance, or a coupled one (serves requests end to end)."""
-        return (bool(self.routable("prefill")) and bool(self.routable("decode"))) or \
-            bool(self.routable("coupled"))
+        """A prefill and a decode instance, or a coupled one (serves requests end to end); and
+        every instance the cluster was launched with has reported."""
+        disaggregated = bool(self.routable("prefill")) and bool(self.routable("decode"))
+        return self.complete and (disaggregated or bool(self.routable("coupled")))
 
     def entry_points(self) -> list[InstanceState]:
         """Where new requests go: prefill instances with a decode pool, and coupled ones."""
@@ -155,11 +186,7 @@ class InstanceRegistry:
         state.sent_requests_since_report += 1
 
     def decode_peers(self) -> list[PeerInfo]:
-        return [PeerInfo(s.stats.instance_id, s.stats.inbox, s.stats.kv_endpoint,
-                         s.stats.num_free_blocks, s.stats.num_total_blocks,
-                         s.stats.num_running, s.stats.num_waiting, s.stats.num_heavy_decodes,
-                         s.stats.num_light_decodes)
-                for s in self.routable("decode")]
+        return [decode_peer(s.stats) for s in self.routable("decode")]
 
     def get(self, instance_id: str) -> InstanceState | None:
         return self.instances.get(instance_id)
@@ -184,7 +211,16 @@ class InstanceRegistry:
                           "transferring": s.num_transferring,
                           "queued_tokens": s.num_queued_tokens},
                 "kv_blocks": {"total": s.num_total_blocks, "free": s.num_free_blocks,
-                              "used": s.num_total_blocks - s.num_free_blocks},
+                              "used": s.num_total_blocks - s.num_free_blocks,
+                              "cached": s.num_cached_blocks},
+                "prefix_cache": {"query_tokens": s.prefix_query_tokens,
+                                 "hit_tokens": s.prefix_hit_tokens,
+                                 "hit_rate": round(s.prefix_hit_tokens
+                                                   / max(s.prefix_query_tokens, 1), 4),
+                                 "blocks_read": s.kv_blocks_read,
+                                 "blocks_skipped": s.kv_blocks_skipped,
+                                 "local_prefills": s.num_local_prefills},
                 "busy_seconds": round(s.busy_seconds, 3),
+                "uptime_s": round(now - state.first_seen, 3),  # since its first report here
                 "seconds_since_report": round(now - state.last_seen, 3)})
         return rows

@@ -37,6 +37,7 @@ from common.protocol import (
     FlipReport,
     GenerateRequest,
     InstanceStats,
+    KVCacheEvents,
     TokenBatch,
     TokenUpdate,
 )
@@ -49,6 +50,7 @@ from control_plane.cluster import InstanceRegistry
 from control_plane.metrics import GatewayMetrics
 from control_plane.monitor import ClusterMonitor
 from control_plane.request_table import Phase, RequestRecord, RequestTable
+from control_plane.routing import make_router
 from control_plane.transition import make_watcher
 
 log = logging.getLogger(__name__)
@@ -143,6 +145,7 @@ class Gateway:
         self.handles: dict[str, RequestHandle] = {}  # attempt id -> handle
         self.metrics = GatewayMetrics()
         self.admission = Admission(config.limits, self.registry)
+        self.router = make_router(self.registry, config)
         self._tasks: list[asyncio.Task] = []
         self.inbox_address = ""
         self.monitor: ClusterMonitor | None = None
@@ -160,7 +163,8 @@ class Gateway:
                                       self.config.broadcast_interval_s,
                                       make_watcher(self.config.flip_policy,
                                                    **dict(self.config.flip_options)),
-                                      self._on_instances_removed)
+                                      self._on_instances_removed,
+                                      on_kv_events=self.router.index.apply)
         self.monitor.on_flip = lambda r: self.metrics.flips.labels(
             direction=f"{r.from_role}_to_{r.to_role}").inc()
         self._tasks = [asyncio.create_task(self._receive_loop(), name="gateway-receive"),
@@ -194,6 +198,8 @@ class Gateway:
                 self.monitor.on_stats(message)
             elif isinstance(message, FlipReport):
                 self.monitor.on_flip_report(message)
+            elif isinstance(message, KVCacheEvents):
+                self.router.index.apply(message)
 
     def _stop_orphan(self, update: TokenUpdate) -> None:
         """Tokens for an attempt nobody waits for (abandoned, recovered elsewhere, or its
@@ -232,19 +238,22 @@ class Gateway:
         return handle
 
     def _send_attempt(self, handle: RequestHandle, exclude: set[str] = frozenset()) -> bool:
-        target = self.registry.least_loaded_prefill(exclude)
-        if target is None:
+        generated = handle.output_token_ids
+        route = self.router.choose(handle.prompt_token_ids + generated, exclude)
+        if route is None:
             return False
+        target = route.target
         self.handles.pop(handle.attempt_id, None)
         handle.attempt_id = f"{handle.request_id}.{handle.recoveries}"
         handle.prefill_instance, handle.decode_instance = target.stats.instance_id, ""
         handle.phase = Phase.QUEUED
         self.handles[handle.attempt_id] = handle
-        generated = handle.output_token_ids
         remaining_s = max(handle.deadline - time.monotonic(), 0.0)
         self.outbox.send(target.stats.inbox, GenerateRequest(
             handle.attempt_id, handle.prompt_token_ids + generated, handle.params,
-            self.inbox_address, time.time(), time.time() + remaining_s, len(generated)))
+            self.inbox_address, time.time(), time.time() + remaining_s, len(generated),
+            local_prefill=route.local_prefill,
+            decode_cached_tokens=route.decode_cached_tokens))
         self.registry.note_sent(target, handle.num_prompt_tokens + len(generated))
         self.table.advance(handle.request_id, Phase.QUEUED,
                            prefill_instance=target.stats.instance_id)
@@ -326,6 +335,8 @@ class Gateway:
     # -- failures --------------------------------------------------------------------------------
     def _on_instances_removed(self, instance_ids: list[str]) -> None:
         dead = set(instance_ids)
+        for instance_id in dead:
+            self.router.index.forget(instance_id)
         for handle in list(self.handles.values()):
             holder = handle.decode_instance or handle.prefill_instance
             if not handle.finished and holder in dead:

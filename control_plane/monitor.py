@@ -8,6 +8,9 @@ Every tick (100 ms by default):
 3. as leader: broadcast the ready decode instances' loads (and recently dead instances) to the
    prefill instances, record flip reports, and let the transition watcher start flips.
 
+A broadcast is marked incomplete while instances the cluster was launched with have not reported
+yet (`InstanceRegistry.expect`): a prefill instance places nothing from such a view.
+
 Flips may also be ordered by hand (`POST /cluster/flip`). A flip marks the instance as flipping
 here at once, so this gateway stops routing to it before the instance's next report.
 """
@@ -22,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 
 from common.messaging import Outbox
-from common.protocol import ClusterView, FlipCommand, FlipReport, InstanceStats
+from common.protocol import ClusterView, FlipCommand, FlipReport, InstanceStats, KVCacheEvents
 from common.store import (
     CLUSTER_VIEW_CHANNEL,
     FLIP_REPORT_CHANNEL,
@@ -45,10 +48,12 @@ class FlipError(ValueError):
 class ClusterMonitor:
     def __init__(self, registry: InstanceRegistry, store: ControlStore, outbox: Outbox,
                  gateway_id: str, interval_s: float, watcher: TransitionWatcher,
-                 on_removed: Callable[[list[str]], None]) -> None:
+                 on_removed: Callable[[list[str]], None],
+                 on_kv_events: Callable[[KVCacheEvents], None] = lambda events: None) -> None:
         self.registry, self.store, self.outbox = registry, store, outbox
         self.gateway_id, self.interval_s = gateway_id, interval_s
         self.watcher, self.on_removed = watcher, on_removed
+        self.on_kv_events = on_kv_events
         self.uses_store = not isinstance(store, InProcessStore)
         registry.managed_by_store = self.uses_store
         self.is_leader = False
@@ -90,6 +95,9 @@ class ClusterMonitor:
         return reports, reachable, leader, flips
 
     def _apply(self, reports, reachable: bool, leader: bool | None, flips: list) -> None:
+        for events in flips:  # every replica routes, so every replica reads the cache events
+            if isinstance(events, KVCacheEvents):
+                self.on_kv_events(events)
         removed = self._refresh(reports, reachable)
         if removed:
             now = time.monotonic()
@@ -117,7 +125,8 @@ class ClusterMonitor:
 
     def on_stats(self, stats: InstanceStats) -> None:
         """A report pushed to this gateway's inbox (no store)."""
-        if self.registry.report(stats) and stats.role == "decode":
+        # a new decode instance, or the last one awaited at start-up: tell the prefills at once
+        if self.registry.report(stats) and (stats.role == "decode" or self.registry.complete):
             self._broadcast()
 
     # -- broadcasts ----------------------------------------------------------------------------
@@ -125,7 +134,8 @@ class ClusterMonitor:
         now = time.monotonic()
         self.recently_dead = {i: t for i, t in self.recently_dead.items()
                               if now - t < DEAD_MEMORY_S}
-        view = ClusterView(self.registry.decode_peers(), time.time(), list(self.recently_dead))
+        view = ClusterView(self.registry.decode_peers(), time.time(), list(self.recently_dead),
+                           complete=self.registry.complete)
         if self.uses_store:
             self._in_background(self.store.publish, CLUSTER_VIEW_CHANNEL, view)
             return

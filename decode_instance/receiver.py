@@ -26,7 +26,8 @@ LEASE_MARGIN_S = 1.0  # finish reading this long before the prefill's lease expi
 @dataclass
 class HandOff:
     offer: KVTransferOffer
-    num_requested: int = 0  # tokens whose blocks have been asked for
+    num_requested: int = 0  # tokens whose blocks have been asked for (or were here already)
+    num_local: int = 0  # leading tokens whose KV our prefix cache held: never read
     outstanding: int = 0  # jobs submitted, result not yet seen
     complete: bool = False  # the final job succeeded
     failed: str = ""  # first error; set once
@@ -46,6 +47,7 @@ class Receiver:
         self.active: dict[str, HandOff] = {}
         self.ready: list[Sequence] = []  # received, to join the running batch
         self.failed: list[tuple[KVTransferOffer, str]] = []  # to report to the gateway
+        self.blocks_read = self.blocks_skipped = 0  # prompt blocks, since start
 
     def find(self, request_id: str) -> HandOff | None:
         return self.active.get(request_id) or next(
@@ -108,14 +110,31 @@ class Receiver:
                 continue
             if not self.admits(handoff.offer):
                 return  # the admission policy says wait; in arrival order
-            # prompt (+ output a recovered request already had) + the next token's KV
-            table = self.ctx.kv.grow(handoff.offer.request_id, len(handoff.offer.token_ids) + 1)
+            table = self._allocate(handoff)
             if table is None:
                 return
             self.pending.popleft()
             handoff.local_blocks = table
             self.active[handoff.offer.request_id] = handoff
             self._request_more(handoff)
+
+    def _allocate(self, handoff: HandOff) -> list[int] | None:
+        """Local blocks for the prompt (+ output a recovered request already had) + the next
+        token; the leading ones from our prefix cache when we hold that prefix (a later turn of
+        a conversation we decoded), whose KV is then not read at all."""
+        offer, kv = handoff.offer, self.ctx.kv
+        have = kv.claim_prefix(offer.request_id, offer.token_ids, offer.num_prompt_tokens)
+        table = kv.grow(offer.request_id, len(offer.token_ids) + 1)
+        if table is None:
+            kv.free(offer.request_id)
+            return None
+        handoff.num_requested = handoff.num_local = have
+        read = -(-offer.num_prompt_tokens // kv.block_size) - have // kv.block_size
+        self.blocks_read += read
+        self.blocks_skipped += have // kv.block_size
+        self.ctx.count("transfer_blocks", read, kind="read")
+        self.ctx.count("transfer_blocks", have // kv.block_size, kind="skipped")
+        return table
 
     @staticmethod
     def _expired(handoff: HandOff) -> bool:
@@ -128,6 +147,12 @@ class Receiver:
             return
         first = handoff.num_requested // block_size  # re-read a partly filled last block
         last = -(-offer.num_cached_tokens // block_size)
+        if first >= last:  # every ready block was here already
+            handoff.num_requested = max(handoff.num_requested, offer.num_cached_tokens)
+            if offer.final:
+                handoff.complete = True
+                self._maybe_close(handoff)
+            return
         remaining = min(self.ctx.config.transfer.timeout_s,
                         offer.lease_expires - time.time() - LEASE_MARGIN_S)
         handoff.outstanding += 1
@@ -197,6 +222,15 @@ class Receiver:
         """Admitted sequences whose KV is still arriving, as the admission policy sees them."""
         return [SeqView(len(h.offer.token_ids), 0, h.offer.prediction)
                 for h in self.active.values()]
+
+    def waiting_offers(self) -> list[KVTransferOffer]:
+        """Offers not admitted yet: they hold no local blocks."""
+        return [h.offer for h in self.pending]
+
+    def arriving_offers(self) -> list[KVTransferOffer]:
+        """Admitted offers whose KV is being read (their local blocks are taken), bar those
+        failed or aborted and waiting only for their last job to report back."""
+        return [h.offer for h in self.active.values() if not (h.failed or h.aborted)]
 
     def seq_ids(self) -> set[str]:
         """Requests that own local blocks (their KV is being read into them)."""

@@ -10,6 +10,12 @@
    failure policy is `recompute`: the gateway then runs the prefill again elsewhere).
 4. Decode: continuous batching, one token per running sequence per forward, each token streamed
    to the request's gateway; blocks are freed when the sequence ends or is aborted.
+
+The load report counts, beside the running sequences, every offer held and not decoding yet
+(waiting or being read, heavy or light by its prediction), the blocks the waiting ones will take,
+and the number of the last offer received from each prefill instance, all as of the same moment:
+a prefill instance stops adding its own unreported placements here exactly when a report shows
+their numbers (prefill_instance/placements.py).
 """
 
 from __future__ import annotations
@@ -54,6 +60,8 @@ class DecodeRole(Role):
         self.recoverable = ctx.config.transfer.failure_policy == "recompute"
         self.finished = {"heavy": 0, "light": 0}
         self.first_admit_time = self.last_finish_time = 0.0
+        self.offers_seen: dict[str, int] = {}  # prefill instance -> its last offer's number
+        self.num_local_prefills = 0  # requests prefilled here (conditional disaggregation)
         # Aborts can overtake their offer (they come from the gateway, offers from a prefill
         # instance): remember recent ones so a late offer is refused, not decoded for nobody.
         self.recent_aborts: dict[str, float] = {}
@@ -69,9 +77,23 @@ class DecodeRole(Role):
         elif isinstance(message, ClusterView):
             for dead in message.dead:
                 self.receiver.fail_from(dead)
-        elif isinstance(message, GenerateRequest):  # arrived after this instance flipped
-            self.fail_request(message.reply_to, message.request_id, "not a prefill instance",
+        elif isinstance(message, GenerateRequest):
+            self._prefill_locally(message)
+
+    def _prefill_locally(self, request: GenerateRequest) -> None:
+        """Conditional disaggregation: the gateway found the prompt's uncached part short
+        enough for this instance to prefill it between decode steps (mostly a later turn whose
+        history is in our prefix cache). The sequence waits in the decode scheduler's queue and
+        is prefilled in chunks under the token budget, as a recomputed one would be."""
+        if not request.local_prefill or self.draining:  # e.g. arrived after a flip
+            self.fail_request(request.reply_to, request.request_id, "not a prefill instance",
                               recoverable=True)
+            return
+        seq = self.sequence_for(request)
+        if self.fits_or_fail(seq):
+            self.scheduler.add(seq)
+            self.num_local_prefills += 1
+            self.first_admit_time = self.first_admit_time or time.time()
 
     def _swap_space(self) -> SwapSpace | None:
         if self.config.preempt != "swap":
@@ -90,6 +112,9 @@ class DecodeRole(Role):
                                      kv.block_size)
 
     def _offer(self, offer: KVTransferOffer) -> None:
+        # Received, whatever becomes of it: from the next report on, our numbers show it.
+        source = offer.source_instance
+        self.offers_seen[source] = max(self.offers_seen.get(source, 0), offer.offer_number)
         if offer.request_id in self.recent_aborts:
             self.ctx.send(offer.source_inbox,
                           KVTransferDone(offer.request_id, TransferStatus.ABORTED, "aborted"))
@@ -150,14 +175,30 @@ class DecodeRole(Role):
         return {"num_waiting": self.receiver.num_pending,
                 "num_running": self.scheduler.num_running,
                 "num_transferring": self.receiver.num_active,
-                "num_queued_tokens": self.receiver.queued_tokens(),
+                # offers waiting, and prompts (local prefills, recomputes) still to compute here
+                "num_queued_tokens": self.receiver.queued_tokens()
+                + self.scheduler.num_queued_tokens,
                 "num_heavy_decodes": heavy,
                 "num_light_decodes": self.scheduler.num_running - heavy,
                 "num_preemptions": self.scheduler.num_preemptions,
                 "num_finished_heavy": self.finished["heavy"],
                 "num_finished_light": self.finished["light"],
                 "first_admit_time": self.first_admit_time,
-                "last_finish_time": self.last_finish_time}
+                "last_finish_time": self.last_finish_time,
+                "kv_blocks_read": self.receiver.blocks_read,
+                "kv_blocks_skipped": self.receiver.blocks_skipped,
+                "num_local_prefills": self.num_local_prefills,
+                **self._incoming()}
+
+    def _incoming(self) -> dict:
+        """Offers held and not decoding yet, as the dispatchers must see them."""
+        waiting = self.receiver.waiting_offers()
+        incoming = waiting + self.receiver.arriving_offers()
+        heavy = sum(1 for offer in incoming if self.prediction.is_heavy(offer.prediction))
+        # what admission takes (receiver.admit: the offer's tokens + the next one)
+        reserved = sum(self.ctx.kv.num_blocks_for(len(offer.token_ids) + 1) for offer in waiting)
+        return {"num_incoming_heavy": heavy, "num_incoming_light": len(incoming) - heavy,
+                "num_reserved_blocks": reserved, "offers_seen": dict(self.offers_seen)}
 
     def live_seq_ids(self) -> set[str]:
         return super().live_seq_ids() | self.receiver.seq_ids()

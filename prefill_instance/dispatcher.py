@@ -14,10 +14,24 @@ placement. It feeds on itself: an instance with more light decodes has the lower
 draws the next light *and* the next heavy decode (measured: 44 of 64 requests on one of two
 instances, a longer total decoding time than random placement; docs/reproduction.md).
 
+Cache-aware (both power-of-two readings): the gateway passes the decode instances that hold a
+prefix of the prompt in their prefix cache (`SequenceMeta.decode_cached`); the one holding the
+most always takes the place of the second random candidate, and between the two the paper's
+interference cost decides first, the cached tokens next (fewer blocks to read, and the later
+turns of a conversation stay where their history is cached).
+
 For comparison: `random`, `round_robin`, `least_loaded` (most free blocks, then fewest
 running), and `imbalance` (every heavy decode to the same instance: the paper's worst case).
 Policies are found by name in `common.plugins.DISPATCH_POLICIES` (entry points
 `splitserve.dispatch_policies`).
+
+The `PeerInfo`s a policy gets are current: each decode instance's last report counts every
+sequence offered there and not finished (waiting, being read, decoding) and leaves the blocks
+waiting offers will take out of the free ones (control_plane/cluster.py), and the hand-offs add
+this prefill instance's own placements that no report shows yet (prefill_instance/placements.py:
+each one counted from its offer until the decode instance's report acknowledges the offer's
+number, never twice). A burst of offers between two views therefore spreads as if each
+placement had been reported at once.
 """
 
 from __future__ import annotations
@@ -108,7 +122,12 @@ class PowerOfTwo(Dispatcher):
         if len(alpha) >= 2:
             heavy = self.options.prediction.is_heavy(prediction)
             pair = self.rng.sample(alpha, 2)
-            return min(pair, key=lambda p: (*self.cost(p, heavy), -p.num_free_blocks))
+            cached = seq.meta.decode_cached
+            holder = max(alpha, key=lambda p: (cached.get(p.instance_id, 0), p.instance_id))
+            if cached.get(holder.instance_id, 0) and holder not in pair:
+                pair[1] = holder  # the instance holding the prompt's prefix always competes
+            return min(pair, key=lambda p: (*self.cost(p, heavy), -cached.get(p.instance_id, 0),
+                                            -p.num_free_blocks))
         if alpha:
             return alpha[0]
         if self.options.hold_when_full:

@@ -53,7 +53,8 @@ class LLMEngine:
         self.runner = ModelRunner(config)
         self.tokenizer = TextTokenizer(self.runner.resolved.hf_dir)
         layout = self.runner.kv_layout
-        self.kv = KVCacheManager(layout.num_blocks, layout.block_size)
+        self.kv = KVCacheManager(layout.num_blocks, layout.block_size,
+                                 config.cache.prefix_caching)
         self.scheduler = COUPLED_POLICIES.get(policy)(config.batch, self.kv)
         self.max_model_len = self.runner.max_model_len
 

@@ -3,7 +3,10 @@
 Series (labels `instance_id` and `role` on all):
   splitserve_queue_length{stage}            prefill_waiting, prefill_running, transferring,
                                             decode_waiting, decode_running
-  splitserve_kv_blocks{state}               free, used
+  splitserve_kv_blocks{state}               free, used, cached (free or used, shareable)
+  splitserve_prefix_cache_query_tokens_total, splitserve_prefix_cache_hit_tokens_total
+                                            hit rate = rate(hit) / rate(query)
+  splitserve_kv_transfer_blocks_total{kind} read (from a prefill instance), skipped (cached here)
   splitserve_kv_transfer_bytes_total, splitserve_kv_transfer_seconds (histogram),
   splitserve_kv_transfer_failures_total, splitserve_kv_leases_expired_total,
   splitserve_length_predictions_total{outcome}   exact, within_one, miss
@@ -69,6 +72,15 @@ class InstanceMetrics:
                                   "KV integrity check failures", labels, registry=r)
         self.busy = Counter("splitserve_busy_seconds", "Wall time in forwards", labels,
                             registry=r)
+        self.prefix_queries = Counter("splitserve_prefix_cache_query_tokens",
+                                      "Prompt tokens looked up in the prefix cache", labels,
+                                      registry=r)
+        self.prefix_hits = Counter("splitserve_prefix_cache_hit_tokens",
+                                   "Prompt tokens found in the prefix cache", labels, registry=r)
+        self.transfer_blocks = Counter("splitserve_kv_transfer_blocks",
+                                       "KV blocks of received sequences, read or found cached",
+                                       labels + ["kind"], registry=r)
+        self._prefix_seen = (0, 0)
         self.role = "?"
         self.last_turn = time.monotonic()
         self.reported = False
@@ -82,15 +94,24 @@ class InstanceMetrics:
                 metric.clear()  # series of the old role must not linger
             self.role = role
             for counter in (self.transfer_bytes, self.transfer_failures, self.leases_expired,
-                            self.violations, self.busy):
+                            self.violations, self.busy, self.prefix_queries, self.prefix_hits):
                 counter.labels(**self._labels())  # exported as 0 before the first event
 
-    def update(self, role: str, load: dict, free_blocks: int, total_blocks: int) -> None:
+    def update(self, role: str, load: dict, free_blocks: int, total_blocks: int,
+               prefix=None) -> None:
+        """`prefix`: the KV manager's cumulative PrefixStats and cached block count."""
         self.set_role(role)
         for stage, value in stages_for(role, load).items():
             self.queue.labels(**self._labels(stage=stage)).set(value)
         self.blocks.labels(**self._labels(state="free")).set(free_blocks)
         self.blocks.labels(**self._labels(state="used")).set(total_blocks - free_blocks)
+        if prefix is not None:
+            stats, num_cached = prefix
+            queries, hits = self._prefix_seen
+            self.prefix_queries.labels(**self._labels()).inc(stats.queries - queries)
+            self.prefix_hits.labels(**self._labels()).inc(stats.hits - hits)
+            self._prefix_seen = (stats.queries, stats.hits)
+            self.blocks.labels(**self._labels(state="cached")).set(num_cached)
         self.reported = True
 
     def observe_transfer(self, result) -> None:
@@ -102,7 +123,8 @@ class InstanceMetrics:
 
     def count(self, name: str, amount: float = 1.0, **extra) -> None:
         metric = {"leases_expired": self.leases_expired, "violations": self.violations,
-                  "busy_seconds": self.busy, "predictions": self.predictions}[name]
+                  "busy_seconds": self.busy, "predictions": self.predictions,
+                  "transfer_blocks": self.transfer_blocks}[name]
         metric.labels(**self._labels(**extra)).inc(amount)
 
     def exposition(self) -> bytes:

@@ -126,7 +126,8 @@ class Role(ABC):
         seq = Sequence(request.request_id, request.prompt_token_ids[:num_prompt],
                        request.sampling, self.ctx.runner.max_model_len,
                        meta=SequenceMeta(request.reply_to, request.deadline,
-                                         request.arrival_time))
+                                         request.arrival_time,
+                                         decode_cached=dict(request.decode_cached_tokens)))
         seq.token_ids = list(request.prompt_token_ids)
         return seq
 

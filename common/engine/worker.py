@@ -37,11 +37,22 @@ from common.engine.model_runner import ModelRunner
 from common.engine.role import Role, RoleContext
 from common.messaging import Inbox, Outbox
 from common.plugins import ROLES
-from common.protocol import FlipCommand, FlipReport, InstanceStats, Shutdown, TokenBatch
+from common.protocol import (
+    FlipCommand,
+    FlipReport,
+    InstanceStats,
+    KVCacheEvents,
+    Shutdown,
+    TokenBatch,
+)
 from common.security import load_keys, stop_guard
 from common.transfer import BACKENDS
 
 log = logging.getLogger(__name__)
+
+# Prefix-cache events are deltas; a full snapshot this often lets a gateway that started late,
+# or missed an event (a store restart), converge.
+KV_SNAPSHOT_INTERVAL_S = 10.0
 
 
 class InstanceWorker:
@@ -62,7 +73,8 @@ class InstanceWorker:
         self.metrics = InstanceMetrics(self.instance_id)
         self.transfer.on_result = self.metrics.observe_transfer
         self.ctx = RoleContext(self.instance_id, config, self.runner,
-                               KVCacheManager(layout.num_blocks, layout.block_size),
+                               KVCacheManager(layout.num_blocks, layout.block_size,
+                                              config.engine.cache.prefix_caching),
                                self.transfer, self.outbox, self.inbox.address, self.metrics)
         self.http = (serve_http(self.metrics, config.host, max(config.metrics_port, 0))
                      if config.metrics_port else None)
@@ -79,6 +91,8 @@ class InstanceWorker:
         self.flips: list[FlipReport] = []
         self._pending_flip: tuple[FlipCommand, float] | None = None  # (command, drain start)
         self._next_report = 0.0
+        self._next_kv_snapshot = 0.0
+        self.ctx.kv.pool.record_events = self.ctx.kv.prefix_caching
 
     def stop(self, *_args) -> None:
         self.running = False
@@ -154,8 +168,25 @@ class InstanceWorker:
             self.check_integrity()
         stats = self.stats()
         self.metrics.update(stats.role, self.role.load(), stats.num_free_blocks,
-                            stats.num_total_blocks)
+                            stats.num_total_blocks,
+                            (self.ctx.kv.stats, self.ctx.kv.pool.num_cached_blocks))
         self.link.report(stats)
+        self._publish_kv_events()
+
+    def _publish_kv_events(self) -> None:
+        """What the prefix cache stored and evicted since the last report, for cache-aware
+        routing; now and then the whole set instead."""
+        kv = self.ctx.kv
+        if not kv.prefix_caching:
+            return
+        events = kv.pool.drain_events()
+        if time.monotonic() >= self._next_kv_snapshot:
+            self._next_kv_snapshot = time.monotonic() + KV_SNAPSHOT_INTERVAL_S
+            self.link.notify(KVCacheEvents(self.instance_id, kv.block_size,
+                                           kv.pool.cached_hashes(), snapshot=True))
+        elif events.stored or events.removed:
+            self.link.notify(KVCacheEvents(self.instance_id, kv.block_size, events.stored,
+                                           events.removed))
 
     def check_integrity(self) -> bool:
         try:
@@ -175,7 +206,9 @@ class InstanceWorker:
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
             num_computed_tokens=self.computed_tokens,
             timestamp=time.time(), pid=os.getpid(), draining=self._pending_flip is not None,
-            metrics_url=self._metrics_url,
+            metrics_url=self._metrics_url, prefix_query_tokens=self.ctx.kv.stats.queries,
+            prefix_hit_tokens=self.ctx.kv.stats.hits,
+            num_cached_blocks=self.ctx.kv.pool.num_cached_blocks,
             **self.role.load())
 
     def close(self) -> None:

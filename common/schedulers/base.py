@@ -115,6 +115,7 @@ class Scheduler(ABC):
             if seq is None:  # aborted while its forward ran
                 continue
             seq.num_computed_tokens = chunk.num_cached + chunk.num_tokens
+            self.kv.cache_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
             token = output.sampled_token_ids.get(chunk.seq_id)
             if token is None:
                 continue
@@ -127,15 +128,31 @@ class Scheduler(ABC):
 
     def make_chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk | None:
         """Grow the sequence's blocks for `num_tokens` more tokens and describe that chunk, or
-        None when the pool is short. The chunk samples when it completes the sequence's tokens."""
+        None when the pool is short. The chunk samples when it completes the sequence's tokens.
+        A sequence's first chunk starts after its cached prefix, if any: the same number of
+        tokens (what the policy budgeted), further along, never past the sequence's end."""
+        claimed = self._claim_cached_prefix(seq)
         start = seq.num_computed_tokens
+        num_tokens = min(num_tokens, seq.num_tokens - start)
         blocks = self.kv.grow(seq.seq_id, start + num_tokens)
         if blocks is None:
+            if claimed:  # hand the shared blocks back: the sequence waits as if never looked up
+                self.kv.free(seq.seq_id)
+                seq.num_computed_tokens = 0
             return None
         completes = start + num_tokens == seq.num_tokens
         return ScheduledChunk(seq.seq_id, seq.token_ids[start:start + num_tokens], start,
                               list(blocks), seq.sampling if completes else None,
                               seq.num_output_tokens)
+
+    def _claim_cached_prefix(self, seq: Sequence) -> bool:
+        """Before a sequence's first chunk: share the cached blocks of its prompt's longest
+        cached prefix, leaving at least its last token to compute (its logits sample)."""
+        if seq.num_computed_tokens or self.kv.table(seq.seq_id):
+            return False
+        cached = self.kv.claim_prefix(seq.seq_id, seq.token_ids, seq.num_tokens - 1)
+        seq.num_computed_tokens = cached
+        return cached > 0
 
     def check_integrity(self) -> None:
         self.kv.check_integrity(self.sequences)

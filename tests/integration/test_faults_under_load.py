@@ -143,8 +143,9 @@ def _resume_and_watch(cluster: Cluster, victim: dict) -> tuple[int, float]:
 
 @pytest.mark.parametrize("then", ["sigcont", "kill"])
 def test_decode_instance_that_stops_reading(tmp_path, tiny, then):
+    # every request through the prefill instance and a transfer (no local prefills)
     cluster = Cluster("--model", tiny, "--decode", "2", "--kv-memory-gib", "0.1",
-                      "--instance-timeout", "1.0", log_dir=tmp_path)
+                      "--instance-timeout", "1.0", "--local-prefill", "off", log_dir=tmp_path)
     victim = None
     try:
         # `up` says ready only once every instance it started has reported (a clean-clone run

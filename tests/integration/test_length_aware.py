@@ -24,7 +24,7 @@ def test_oracle_predictions_with_power_of_two_and_reserve_dynamic(tmp_path, tiny
                       "--kv-memory-gib", "0.02", "--predictor", "oracle",
                       "--oracle-granularity", "20", "--heavy-threshold", "30",
                       "--dispatch-policy", "power_of_two", "--decode-admission", "reserve-dynamic",
-                      log_dir=tmp_path)
+                      "--local-prefill", "off", log_dir=tmp_path)  # every request predicted
     try:
         model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
         outcomes = asyncio.run(run_load([cluster.url], 40, model, concurrency=20,

@@ -149,7 +149,8 @@ def test_served_requests_carry_the_trained_predictors_buckets(dataset_dir, tiny_
     if kind == "probe":
         assert load_predictor(out).hidden_layers == (1, 2)
     cluster = Cluster("--model", str(tiny_models["llama"]), "--predictor", str(out),
-                      "--heavy-threshold", "8", log_dir=tmp_path)
+                      "--heavy-threshold", "8", "--local-prefill", "off",  # all predicted
+                      log_dir=tmp_path)
     try:
         model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
         outcomes = asyncio.run(run_load([cluster.url], 12, model, concurrency=6,

@@ -2,7 +2,8 @@
 
 Every request completes or ends with an error event, nothing hangs, and no KV block stays held
 on a live instance. Transfers are slowed with the emulated link (OPT-13B byte counts) so a kill
-lands while they are in flight. Tiny random-weight model, real processes.
+lands while they are in flight, and every request takes that path (`--local-prefill off`: no
+prefill on a decode instance). Tiny random-weight model, real processes.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def test_receiver_killed_mid_transfer(tmp_path, tiny, policy):
     recovery = [] if policy == "recompute" else ["--max-recoveries", "0"]
     cluster = Cluster("--model", tiny, "--decode", "2", "--kv-memory-gib", "0.05",
                       "--instance-timeout", "1.0", "--transfer-failure-policy", policy,
-                      *recovery, *SLOW_LINK, log_dir=tmp_path)
+                      *recovery, *SLOW_LINK, "--local-prefill", "off", log_dir=tmp_path)
     try:
         outcomes, result = _run_with_kill(cluster, "decode", 6)
         errors = [o for o in outcomes if o["error"]]
@@ -87,7 +88,8 @@ def test_receiver_killed_mid_transfer(tmp_path, tiny, policy):
 
 def test_sender_killed_mid_transfer(tmp_path, tiny):
     cluster = Cluster("--model", tiny, "--prefill", "2", "--kv-memory-gib", "0.05",
-                      "--instance-timeout", "1.0", *SLOW_LINK, log_dir=tmp_path)
+                      "--instance-timeout", "1.0", *SLOW_LINK, "--local-prefill", "off",
+                      log_dir=tmp_path)
     try:
         outcomes, result = _run_with_kill(cluster, "prefill", 6)
         assert all(o["status"] == 200 and not o["error"] and o["tokens"] == o["want"]
@@ -100,7 +102,7 @@ def test_sender_killed_mid_transfer(tmp_path, tiny):
 def test_stalled_transfer_fails_at_its_timeout_without_leaks(tmp_path, tiny):
     cluster = Cluster("--model", tiny, "--kv-memory-gib", "0.05", "--transfer-fault", "stall",
                       "--transfer-timeout", "2", "--transfer-failure-policy", "fail",
-                      "--max-recoveries", "0", log_dir=tmp_path)
+                      "--max-recoveries", "0", "--local-prefill", "off", log_dir=tmp_path)
     try:
         started = time.monotonic()
         outcomes = asyncio.run(run_load([cluster.url], 4, _served(cluster), concurrency=4,

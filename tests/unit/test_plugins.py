@@ -18,6 +18,7 @@ from common.plugins import (
     PREFILL_POLICIES,
     REGISTRIES,
     ROLES,
+    ROUTE_POLICIES,
 )
 from common.protocol import PeerInfo
 from common.sampling_params import SamplingParams
@@ -27,6 +28,7 @@ from common.sequence import Sequence
 from common.transfer import BACKENDS, KVTransferBackend
 from control_plane.cli import build_parser
 from control_plane.cli_args import cluster_instance_config
+from control_plane.routing import RoutePolicy
 from control_plane.transition import FlipPolicy
 from decode_instance.admission import AdmissionPolicy
 from length_predictor.base import LengthPredictor
@@ -34,7 +36,8 @@ from prefill_instance.dispatcher import Dispatcher, DispatchOptions
 
 KINDS = [(ROLES, Role), (BACKENDS, KVTransferBackend), (COUPLED_POLICIES, CoupledScheduler),
          (DISPATCH_POLICIES, Dispatcher), (ADMISSION_POLICIES, AdmissionPolicy),
-         (FLIP_POLICIES, FlipPolicy), (PREDICTORS, LengthPredictor)]
+         (FLIP_POLICIES, FlipPolicy), (PREDICTORS, LengthPredictor),
+         (ROUTE_POLICIES, RoutePolicy)]
 
 
 @pytest.mark.parametrize("registry, base", KINDS, ids=[r.kind for r, _ in KINDS])
@@ -115,6 +118,7 @@ PLUGIN_FLAGS = [("up", "--policy", COUPLED_POLICIES), ("up", "--prefill-policy",
                 ("up", "--dispatch-policy", DISPATCH_POLICIES),
                 ("up", "--decode-admission", ADMISSION_POLICIES),
                 ("up", "--flip-policy", FLIP_POLICIES), ("up", "--transfer", BACKENDS),
+                ("up", "--route-policy", ROUTE_POLICIES),
                 ("instance", "--role", ROLES)]
 
 

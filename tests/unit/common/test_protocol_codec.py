@@ -16,6 +16,7 @@ from common.protocol import (
     FlipReport,
     GenerateRequest,
     InstanceStats,
+    KVCacheEvents,
     KVChunkReady,
     KVTransferDone,
     KVTransferOffer,
@@ -70,6 +71,10 @@ MESSAGES = [
     ClusterView([], 2.0, dead=["decode-3"]),
     GenerateRequest("r9", [1, 2, 3, 4], SamplingParams(max_tokens=9), "tcp://g:1", 1.0,
                     num_generated=2),
+    GenerateRequest("r10", [1] * 40, SamplingParams(), "tcp://g:1", 1.0, local_prefill=True,
+                    decode_cached_tokens={"decode-0": 32}),
+    KVCacheEvents("decode-0", 16, [2**64 - 1, 7], [3]),
+    KVCacheEvents("decode-1", 16, [11, 12], snapshot=True),
 ]
 
 

@@ -29,7 +29,11 @@ SERIES = {
     "splitserve_queue_length": ("gauge", {**INSTANCE, "stage": {
         "prefill_waiting", "prefill_running", "transferring", "decode_waiting",
         "decode_running"}}),
-    "splitserve_kv_blocks": ("gauge", {**INSTANCE, "state": {"free", "used"}}),
+    "splitserve_kv_blocks": ("gauge", {**INSTANCE, "state": {"free", "used", "cached"}}),
+    "splitserve_prefix_cache_query_tokens_total": ("counter", INSTANCE),
+    "splitserve_prefix_cache_hit_tokens_total": ("counter", INSTANCE),
+    "splitserve_kv_transfer_blocks_total": ("counter", {**INSTANCE, "kind": {"read",
+                                                                              "skipped"}}),
     "splitserve_kv_transfer_bytes_total": ("counter", INSTANCE),
     "splitserve_kv_transfer_seconds": ("histogram", INSTANCE),
     "splitserve_kv_transfer_failures_total": ("counter", INSTANCE),

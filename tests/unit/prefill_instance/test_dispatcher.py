@@ -66,3 +66,20 @@ def test_keeps_cycling_when_the_list_changes():
     # an empty view in between holds the sequence (None) and the cycle resumes afterwards
     assert rr.pick(seq(), []) is None
     assert picks(rr, two, 2) == got[:2]
+
+
+def test_power_of_two_puts_the_prefix_holder_in_the_pair_and_prefers_it_on_equal_load():
+    from prefill_instance.dispatcher import DispatchOptions, PowerOfTwo
+
+    decodes = [peer(f"d{i}", free=100) for i in range(6)]
+    cached = seq("turn-2")
+    cached.meta.decode_cached = {"d4": 64}
+    for seed in range(20):  # whichever two the draw picks, d4 competes and wins on equal load
+        assert PowerOfTwo(DispatchOptions(seed=seed)).pick(cached, decodes).instance_id == "d4"
+    busy = [peer(f"d{i}", free=100) for i in range(2)]
+    busy[1].num_running = busy[1].num_light = 3  # interference decides before the cache
+    cached.meta.decode_cached = {"d1": 64}
+    assert PowerOfTwo(DispatchOptions(seed=0)).pick(cached, busy).instance_id == "d0"
+    plain = [PowerOfTwo(DispatchOptions(seed=s)).pick(seq("new"), decodes).instance_id
+             for s in range(20)]
+    assert len(set(plain)) > 1  # without a cached prefix the draw stays random

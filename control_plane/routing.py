@@ -1,0 +1,197 @@
+"""Where the gateway sends a request: the prefix index, route policies, conditional
+disaggregation.
+
+`PrefixIndex` mirrors each instance's prefix cache from its `KVCacheEvents` (deltas, and a full
+snapshot every few seconds), so every gateway replica sees the same picture whether the events
+come over its inbox or the store's pub/sub. A request's cached prefix on an instance is the run of
+its leading block hashes (common.block_pool's chained hashes, computed here from the prompt's
+token ids) that the instance holds.
+
+Route policies pick the entry instance (a prefill or co-located one) by name
+(`common.plugins.ROUTE_POLICIES`):
+
+    least_loaded  fewest prompt tokens queued (reported + sent since the report)
+    cache_aware   least expected prefill work: queued tokens + the prompt's uncached tokens,
+                  a cached token counting `overlap_weight` (Dynamo's KV router and SGLang's
+                  cache-aware router weigh overlap against load the same way)
+
+Conditional disaggregation (Dynamo's): with `local_prefill` on, a request whose prompt a decode
+instance holds cached except for at most `local_prefill_tokens` tokens (a later turn of a
+conversation it decoded, or simply a short prompt) goes straight to that decode instance, which
+prefills the rest between decode steps: no prefill queue, no KV transfer. Only a decode instance
+with nothing queued beyond that budget takes one, so its decodes' TBT stays near one step.
+`auto` takes the budget from the `splitserve profile` record: the largest prefill size whose
+forward is no slower than a decode step at batch 32 (a local prefill at most doubles one step).
+
+The decode instances a request's prompt is cached on travel with it
+(`GenerateRequest.decode_cached_tokens`), for the prefill instance's dispatcher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.block_pool import iter_block_hashes
+from common.config import GatewayConfig, RoutingConfig
+from common.plugins import ROUTE_POLICIES
+from common.protocol import KVCacheEvents
+from control_plane.cluster import InstanceRegistry, InstanceState
+
+log = logging.getLogger(__name__)
+
+PROFILE_RECORD = "profile.json"  # written by `splitserve profile` in the cache directory
+LOCAL_PREFILL_REFERENCE_BATCH = 32
+
+
+class PrefixIndex:
+    """Instance id -> the block hashes its prefix cache holds, as its events last said."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[str, set[int]] = {}
+        self.block_sizes: dict[str, int] = {}
+
+    def apply(self, events: KVCacheEvents) -> None:
+        held = self.hashes.setdefault(events.instance_id, set())
+        if events.snapshot:
+            held.clear()
+        held.difference_update(events.removed)
+        held.update(events.stored)
+        self.block_sizes[events.instance_id] = events.block_size
+
+    def forget(self, instance_id: str) -> None:
+        self.hashes.pop(instance_id, None)
+        self.block_sizes.pop(instance_id, None)
+
+    def __bool__(self) -> bool:
+        return any(self.hashes.values())
+
+
+@dataclass
+class PromptHashes:
+    """A prompt's leading block hashes per block size, computed once per request."""
+
+    token_ids: list[int]
+    by_size: dict[int, list[int]] = field(default_factory=dict)
+
+    def cached_tokens(self, index: PrefixIndex, instance_id: str) -> int:
+        """Prompt tokens whose KV the instance holds (whole blocks, as a lookup there would
+        find them, leaving the last token to compute)."""
+        held = index.hashes.get(instance_id)
+        if not held:
+            return 0
+        size = index.block_sizes[instance_id]
+        if size not in self.by_size:
+            self.by_size[size] = list(iter_block_hashes(self.token_ids, size,
+                                                        len(self.token_ids) - 1))
+        count = 0
+        for block_hash in self.by_size[size]:
+            if block_hash not in held:
+                break
+            count += 1
+        return count * size
+
+
+@dataclass
+class Route:
+    target: InstanceState
+    local_prefill: bool = False  # the target is a decode instance that prefills it itself
+    decode_cached_tokens: dict[str, int] = field(default_factory=dict)
+
+
+def queued_tokens(state: InstanceState) -> int:
+    return state.stats.num_queued_tokens + state.sent_tokens_since_report
+
+
+class RoutePolicy:
+    """Picks the entry instance among candidates (prefill or co-located instances)."""
+
+    def __init__(self, config: RoutingConfig, index: PrefixIndex) -> None:
+        self.config, self.index = config, index
+
+    def pick(self, candidates: list[InstanceState], prompt: PromptHashes) -> InstanceState:
+        raise NotImplementedError
+
+
+class LeastLoaded(RoutePolicy):
+    def pick(self, candidates, prompt):
+        return min(candidates, key=lambda s: (
+            queued_tokens(s), s.stats.num_waiting + s.sent_requests_since_report,
+            s.stats.instance_id))
+
+
+class CacheAware(RoutePolicy):
+    def pick(self, candidates, prompt):
+        def work(state: InstanceState) -> float:
+            cached = prompt.cached_tokens(self.index, state.stats.instance_id)
+            uncached = len(prompt.token_ids) - self.config.overlap_weight * cached
+            return queued_tokens(state) + uncached
+        return min(candidates, key=lambda s: (work(s), s.stats.num_waiting,
+                                              s.stats.instance_id))
+
+
+def local_prefill_budget(config: RoutingConfig, cache_dir: str | None) -> int:
+    """The uncached-token budget under which a decode instance prefills a request itself."""
+    if config.local_prefill == "off":
+        return -1
+    if config.local_prefill == "on" or not cache_dir:
+        return config.local_prefill_tokens
+    try:
+        record = json.loads((Path(cache_dir).expanduser() / PROFILE_RECORD).read_text())
+        step = [d["step_seconds"] for d in record["decode"]
+                if d["batch"] <= LOCAL_PREFILL_REFERENCE_BATCH][-1]
+        fits = [p["tokens"] for p in record["prefill"] if p["seconds"] <= step]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return config.local_prefill_tokens
+    budget = max(fits, default=config.local_prefill_tokens)
+    log.info("local prefill budget %d tokens (from the profile record)", budget)
+    return budget
+
+
+class Router:
+    def __init__(self, registry: InstanceRegistry, config: RoutingConfig, policy: RoutePolicy,
+                 index: PrefixIndex, local_budget: int) -> None:
+        self.registry, self.config, self.policy = registry, config, policy
+        self.index, self.local_budget = index, local_budget
+
+    def choose(self, token_ids: list[int], exclude: set[str] = frozenset()) -> Route | None:
+        prompt = PromptHashes(token_ids)
+        decodes = [d for d in self.registry.routable("decode")
+                   if d.stats.instance_id not in exclude]
+        cached = {d.stats.instance_id: prompt.cached_tokens(self.index, d.stats.instance_id)
+                  for d in decodes}
+        local = self._local_target(decodes, cached, len(token_ids))
+        if local is not None:
+            return Route(local, local_prefill=True)
+        candidates = [s for s in self.registry.entry_points()
+                      if s.stats.instance_id not in exclude]
+        if not candidates:
+            return None
+        return Route(self.policy.pick(candidates, prompt),
+                     decode_cached_tokens={k: v for k, v in cached.items() if v})
+
+    def _local_target(self, decodes: list[InstanceState], cached: dict[str, int],
+                      num_tokens: int) -> InstanceState | None:
+        """The decode instance that can prefill this prompt itself within the budget: least
+        uncached work first, then least queued."""
+        if self.local_budget < 0:
+            return None
+        fits = [d for d in decodes
+                if num_tokens - cached[d.stats.instance_id] <= self.local_budget
+                and queued_tokens(d) + num_tokens - cached[d.stats.instance_id]
+                <= self.local_budget
+                and d.stats.num_free_blocks * self.index_block_size(d) >= num_tokens]
+        return min(fits, key=lambda d: (num_tokens - cached[d.stats.instance_id],
+                                        queued_tokens(d), d.stats.instance_id), default=None)
+
+    def index_block_size(self, state: InstanceState) -> int:
+        return self.index.block_sizes.get(state.stats.instance_id, 16)
+
+
+def make_router(registry: InstanceRegistry, config: GatewayConfig) -> Router:
+    routing, index = config.routing, PrefixIndex()
+    policy = ROUTE_POLICIES.get(routing.policy)(routing, index)
+    return Router(registry, routing, policy, index,
+                  local_prefill_budget(routing, config.cache_dir))
