@@ -167,8 +167,28 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
     summary["slowest_ttft"] = slowest_ttft(
         records, records if options.workload == "multiturn" else requests)
     if cluster is not None:
-        summary["cost"] = cost_report(summary, before, cluster.cluster(), wall_seconds)
+        after = cluster.cluster()
+        summary["cost"] = cost_report(summary, before, after, wall_seconds)
+        summary["prefix_cache"] = prefix_report(before, after)
     return summary
+
+
+PREFIX_COUNTERS = ("query_tokens", "hit_tokens", "blocks_read", "blocks_skipped",
+                   "local_prefills")
+
+
+def prefix_report(before: dict, after: dict) -> dict:
+    """The prefix-cache counters of /cluster over the run, per instance and summed, with the
+    hit rate (hit / query tokens)."""
+    start = {i["instance_id"]: i.get("prefix_cache", {}) for i in before["instances"]}
+    per_instance = {}
+    for instance in after["instances"]:
+        now, then = instance.get("prefix_cache", {}), start.get(instance["instance_id"], {})
+        per_instance[instance["instance_id"]] = {key: now.get(key, 0) - then.get(key, 0)
+                                                 for key in PREFIX_COUNTERS}
+    total = {key: sum(c[key] for c in per_instance.values()) for key in PREFIX_COUNTERS}
+    total["hit_rate"] = total["hit_tokens"] / max(total["query_tokens"], 1)
+    return {"instances": per_instance, "total": total}
 
 
 def slowest_ttft(records: list, requests: list, count: int = 3) -> list[dict]:
@@ -209,7 +229,16 @@ def _line(summary: dict) -> str:
             f"{summary['ttft_s']['p99'] * 1e3:.0f} ms; TPOT p50 "
             f"{summary['tpot_s']['p50'] * 1e3:.1f} ms; "
             f"{summary['throughput']['output_tokens_per_s']:.1f} tok/s; "
-            f"{summary['num_errors']} errors")
+            f"{summary['num_errors']} errors" + _prefix_line(summary))
+
+
+def _prefix_line(summary: dict) -> str:
+    total = (summary.get("prefix_cache") or {}).get("total")
+    if not total or not total["query_tokens"]:
+        return ""
+    return (f"; prefix hit rate {total['hit_rate']:.1%}, {total['local_prefills']} local "
+            f"prefills, {total['blocks_skipped']} of "
+            f"{total['blocks_read'] + total['blocks_skipped']} blocks not read")
 
 
 METRICS = {  # name -> (path in the summary, scale, unit)

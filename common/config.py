@@ -325,12 +325,13 @@ class RoutingConfig:
     policy: str = "cache_aware"
     # cache_aware: prompt tokens of queued work one cached prompt token is worth
     overlap_weight: float = 1.0
-    # conditional disaggregation: "off", "on" (threshold below), or "auto" (threshold from the
-    # `splitserve profile` record when there is one, else the one below)
+    # conditional disaggregation: "off", "on" (threshold below), or "auto" (the largest prefill
+    # the `splitserve profile` record shows within local_prefill_tbt_s, else the threshold)
     local_prefill: str = "auto"
     # a decode instance prefills a request itself when the prompt's part it has not cached is
     # at most this many tokens (and its queue is short)
-    local_prefill_tokens: int = 128
+    local_prefill_tokens: int = 512
+    local_prefill_tbt_s: float = 0.1  # auto: the longest a decode step with a prefill may take
 
     def __post_init__(self) -> None:
         _require(self.local_prefill in ("off", "on", "auto"),

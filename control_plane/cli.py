@@ -159,7 +159,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         num_threads=args.threads_per_instance))
     config = gateway_config(args, free_port(args.host))
     run_up(config, {"prefill": args.prefill, "decode": args.decode, "coupled": args.coupled},
-           shared, Path(args.log_dir) if args.log_dir else None)
+           shared, Path(args.log_dir) if args.log_dir else None,
+           threads={"prefill": args.prefill_threads} if args.prefill_threads else {})
     return 0
 
 
@@ -172,6 +173,9 @@ def _add_up(sub) -> None:
                    help="coupled instances (co-located policy, see --policy); use with "
                         "--prefill 0 --decode 0 for a co-located cluster")
     p.add_argument("--threads-per-instance", type=int, default=1)
+    p.add_argument("--prefill-threads", type=int, default=None,
+                   help="torch threads of each prefill instance (default: "
+                        "--threads-per-instance)")
     p.add_argument("--log-dir", default=None, help="write each instance's log here")
     add_store_args(p)
     add_instance_args(p)

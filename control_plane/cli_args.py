@@ -253,8 +253,10 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                        help="conditional disaggregation: a decode instance prefills a request "
                             "itself when its uncached prompt is short (auto: the budget from "
                             "the `splitserve profile` record, else --local-prefill-tokens)")
-    group.add_argument("--local-prefill-tokens", type=int, default=128,
+    group.add_argument("--local-prefill-tokens", type=int, default=512,
                        help="uncached prompt tokens a decode instance may prefill itself")
+    group.add_argument("--local-prefill-tbt", type=float, default=0.1, metavar="SECONDS",
+                       help="auto: the budget is the largest profiled prefill this fast")
     group.add_argument("--flip-option", action="append", default=[], metavar="KEY=VALUE",
                        help="transition watcher knob, e.g. cooldown_s=10, sustain_ticks=3, "
                             "idle_s=60, ratio=3 (repeatable)")
@@ -336,4 +338,5 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          routing=RoutingConfig(policy=args.route_policy,
                                                overlap_weight=args.overlap_weight,
                                                local_prefill=args.local_prefill,
-                                               local_prefill_tokens=args.local_prefill_tokens))
+                                               local_prefill_tokens=args.local_prefill_tokens,
+                                               local_prefill_tbt_s=args.local_prefill_tbt))

@@ -98,12 +98,14 @@ def spawn_instance(config: InstanceConfig, log_dir: Path | None) -> InstanceProc
     return InstanceProcess(config.role, process)
 
 
-def instance_of(shared: InstanceConfig, role: str, index: int, gateway_inbox: str
-                ) -> InstanceConfig:
+def instance_of(shared: InstanceConfig, role: str, index: int, gateway_inbox: str,
+                num_threads: int | None = None) -> InstanceConfig:
     """One instance of `up`: it reports to this gateway and binds its metrics port wherever it
     can (-1), reporting the URL it got, so nothing races for a port picked in advance."""
+    engine = shared.engine if num_threads is None else shared.engine.with_model(
+        num_threads=num_threads)
     return replace(shared, role=role, instance_id=f"{role}-{index}", gateways=(gateway_inbox,),
-                   metrics_port=-1)
+                   metrics_port=-1, engine=engine)
 
 
 def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> None:
@@ -120,14 +122,15 @@ def stop_instances(instances: list[InstanceProcess], grace_s: float = 5.0) -> No
 
 
 def run_up(config: GatewayConfig, counts: dict[str, int], shared: InstanceConfig,
-           log_dir: Path | None = None) -> None:
+           log_dir: Path | None = None, threads: dict[str, int] | None = None) -> None:
     """Serve the gateway here with `counts` instances per role (prefill, decode, coupled), each
-    configured as `shared` plus its own role and identity."""
+    configured as `shared` plus its own role and identity (and `threads[role]` torch threads,
+    where given)."""
     if not (counts.get("coupled") or (counts.get("prefill") and counts.get("decode"))):
         raise ConfigError("need at least one prefill and one decode instance, or a coupled one")
     gateway, aliases = build_gateway(config)  # resolves (and converts) the model once
     inbox = f"tcp://{config.host}:{config.inbox_port}"
-    configs = [instance_of(shared, role, i, inbox)
+    configs = [instance_of(shared, role, i, inbox, (threads or {}).get(role))
                for role, count in counts.items() for i in range(count)]
     # not serving, and no placement, until every one has reported (a partial view at start-up
     # would put the first requests on the decode instances that came up first)

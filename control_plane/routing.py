@@ -20,8 +20,9 @@ instance holds cached except for at most `local_prefill_tokens` tokens (a later 
 conversation it decoded, or simply a short prompt) goes straight to that decode instance, which
 prefills the rest between decode steps: no prefill queue, no KV transfer. Only a decode instance
 with nothing queued beyond that budget takes one, so its decodes' TBT stays near one step.
-`auto` takes the budget from the `splitserve profile` record: the largest prefill size whose
-forward is no slower than a decode step at batch 32 (a local prefill at most doubles one step).
+`auto` takes the budget from the `splitserve profile` record: the largest profiled prefill
+whose forward fits in `local_prefill_tbt_s` (default 0.1 s), so a decode step that carries a
+local prefill stays within that TBT.
 
 The decode instances a request's prompt is cached on travel with it
 (`GenerateRequest.decode_cached_tokens`), for the prefill instance's dispatcher.
@@ -43,7 +44,6 @@ from control_plane.cluster import InstanceRegistry, InstanceState
 log = logging.getLogger(__name__)
 
 PROFILE_RECORD = "profile.json"  # written by `splitserve profile` in the cache directory
-LOCAL_PREFILL_REFERENCE_BATCH = 32
 
 
 class PrefixIndex:
@@ -140,10 +140,9 @@ def local_prefill_budget(config: RoutingConfig, cache_dir: str | None) -> int:
         return config.local_prefill_tokens
     try:
         record = json.loads((Path(cache_dir).expanduser() / PROFILE_RECORD).read_text())
-        step = [d["step_seconds"] for d in record["decode"]
-                if d["batch"] <= LOCAL_PREFILL_REFERENCE_BATCH][-1]
-        fits = [p["tokens"] for p in record["prefill"] if p["seconds"] <= step]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        fits = [p["tokens"] for p in record["prefill"]
+                if p["seconds"] <= config.local_prefill_tbt_s]
+    except (OSError, ValueError, KeyError, TypeError):
         return config.local_prefill_tokens
     budget = max(fits, default=config.local_prefill_tokens)
     log.info("local prefill budget %d tokens (from the profile record)", budget)

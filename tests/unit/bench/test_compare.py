@@ -77,3 +77,22 @@ def test_the_ttft_tail_names_its_requests_and_their_prompt_lengths():
     assert [t["index"] for t in tail] == [1, 3]
     assert [t["prompt_tokens"] for t in tail] == [900, 300]
     assert tail[0]["longest_prompt_tokens"] == 900 and tail[0]["ttft_s"] == 2.5
+
+
+def test_prefix_report_counts_the_run_only_and_sums_instances():
+    from bench.compare import _prefix_line, prefix_report
+
+    def view(p_query, p_hit, d_skipped, d_local):
+        return {"instances": [
+            {"instance_id": "prefill-0", "prefix_cache": {"query_tokens": p_query,
+                                                          "hit_tokens": p_hit}},
+            {"instance_id": "decode-0", "prefix_cache": {
+                "query_tokens": 0, "hit_tokens": 0, "blocks_read": 10,
+                "blocks_skipped": d_skipped, "local_prefills": d_local}}]}
+
+    report = prefix_report(view(100, 20, 2, 1), view(500, 220, 6, 4))
+    assert report["instances"]["prefill-0"]["hit_tokens"] == 200
+    assert report["total"] == {"query_tokens": 400, "hit_tokens": 200, "blocks_read": 0,
+                               "blocks_skipped": 4, "local_prefills": 3, "hit_rate": 0.5}
+    assert "hit rate 50.0%, 3 local prefills, 4 of 4 blocks not read" in _prefix_line(
+        {"prefix_cache": report})

@@ -25,7 +25,7 @@ FLAGS = ["--dtype", "float32", "--max-model-len", "1024", "--block-size", "32",
          "--decode-swap-blocks", "16", "--heartbeat-ttl", "3", "--stall-timeout", "30",
          "--policy", "fastserve", "--swap-blocks", "12", "--policy-option", "num_queues=4",
          "--redis", "redis://127.0.0.1:6379/0", "--store-prefix", "t",
-         "--cluster-secret-file", "/tmp/secret"]
+         "--cluster-secret-file", "/tmp/secret", "--no-prefix-cache"]
 
 
 def instance(*argv: str) -> InstanceConfig:
@@ -41,6 +41,14 @@ def test_up_hands_over_what_the_same_flags_give_an_instance_started_by_hand():
     assert received == handed == by_hand
     assert received.prediction.heavy_threshold == 50 and received.prediction.use_upper_end
     assert received.transfer.emulation.bandwidth == 200e9 / 8
+
+
+def test_prefill_threads_reach_only_prefill_instances():
+    shared = cluster_instance_config(build_parser().parse_args(["up", "--threads", "1"]))
+    assert instance_of(shared, "prefill", 0, "tcp://g:1", 2).engine.model.num_threads == 2
+    assert instance_of(shared, "decode", 0, "tcp://g:1").engine.model.num_threads == 1
+    assert shared.engine.cache.prefix_caching and not cluster_instance_config(
+        build_parser().parse_args(["up", "--no-prefix-cache"])).engine.cache.prefix_caching
 
 
 def test_an_instance_needs_a_role_or_a_config():

@@ -122,8 +122,9 @@ def test_local_prefill_budget_modes(tmp_path):
                     {"tokens": 256, "seconds": 0.09}],
         "decode": [{"batch": 1, "step_seconds": 0.01}, {"batch": 32, "step_seconds": 0.04},
                    {"batch": 64, "step_seconds": 0.08}]}))
-    # the largest prefill no slower than a decode step at batch 32
-    assert local_prefill_budget(RoutingConfig(), str(tmp_path)) == 64
+    # the largest profiled prefill within the TBT target (default 0.1 s)
+    assert local_prefill_budget(RoutingConfig(), str(tmp_path)) == 256
+    assert local_prefill_budget(RoutingConfig(local_prefill_tbt_s=0.05), str(tmp_path)) == 64
 
 
 @pytest.mark.parametrize("local", ["off", "on", "auto"])
