@@ -147,18 +147,12 @@ class PowerOfTwoRatio(PowerOfTwo):
         return (heavy_light_ratio(peer, heavy),)
 
 
-class Imbalance(Dispatcher):
+class Imbalance(RoundRobin):
     """Heavy decodes always to the same instance, light ones to the others in turn."""
 
-    def __init__(self, options: DispatchOptions = DispatchOptions()) -> None:
-        super().__init__(options)
-        self.counter = 0
-
     def pick(self, seq, decodes):
-        if not decodes:
-            return None
         ordered = sorted(decodes, key=lambda p: p.instance_id)
-        if self.options.prediction.is_heavy(seq.meta.prediction) or len(ordered) == 1:
-            return ordered[0]
+        if len(ordered) <= 1 or self.options.prediction.is_heavy(seq.meta.prediction):
+            return ordered[0] if ordered else None
         self.counter += 1
         return ordered[1 + self.counter % (len(ordered) - 1)]

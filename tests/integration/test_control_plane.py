@@ -91,8 +91,12 @@ def test_two_gateways_share_one_cluster(tmp_path, tiny):
 
 @pytest.mark.parametrize("victim_role,layout", [("decode", ("1", "2")), ("prefill", ("2", "1"))])
 def test_kill_9_mid_load_loses_no_request_and_leaks_no_block(tmp_path, tiny, victim_role, layout):
+    # A prefill victim must get work: short prompts would otherwise be prefilled on the decode
+    # instance (conditional disaggregation); a decode victim runs with it on.
+    local = ["--local-prefill", "off"] if victim_role == "prefill" else []
     cluster = Cluster("--model", tiny, "--prefill", layout[0], "--decode", layout[1],
-                      "--kv-memory-gib", "0.1", "--instance-timeout", "1.0", log_dir=tmp_path)
+                      "--kv-memory-gib", "0.1", "--instance-timeout", "1.0", *local,
+                      log_dir=tmp_path)
     try:
         victim = next(i for i in cluster.cluster()["instances"] if i["role"] == victim_role)
         # Killed once it is seen working (a fixed delay let the faster kernels finish the whole

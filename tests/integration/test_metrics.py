@@ -24,8 +24,9 @@ def value(samples, name, **labels) -> float:
 
 
 def test_metrics_after_a_load(tmp_path, tiny_models):
+    # every request through the prefill instance (busy there) and a transfer
     cluster = Cluster("--model", str(tiny_models["llama"]), "--kv-memory-gib", "0.1",
-                      log_dir=tmp_path)
+                      "--local-prefill", "off", log_dir=tmp_path)
     try:
         model = httpx.get(cluster.url + "/v1/models").json()["data"][0]["id"]
         outcomes = asyncio.run(run_load([cluster.url], 20, model, max_tokens=(5, 20)))

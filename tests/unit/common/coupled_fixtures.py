@@ -69,6 +69,20 @@ class FakeKV:
         return ModelOutput(sampled)
 
 
+def add_random(sched, rng, count: int, max_prompt: int, max_tokens: int, spacing: int,
+               min_tokens: int = 2) -> dict:
+    """`count` sequences of random prompt and output lengths, arriving `spacing` apart; returns
+    {seq_id: its max_tokens}, what run_to_completion must finish with."""
+    wanted = {}
+    for i in range(count):
+        s = seq(f"s{i}", rng.randint(2, max_prompt),
+                max_tokens=rng.randint(min_tokens, max_tokens),
+                first=spacing * i + 1)
+        wanted[s.seq_id] = s.sampling.max_tokens
+        sched.add(s)
+    return wanted
+
+
 def run_to_completion(sched, max_steps=2000):
     """Drive the scheduler with a FakeKV until it has no work, checking integrity every step.
     Returns the plans it made and {seq_id: output tokens} of the finished sequences."""

@@ -1,11 +1,9 @@
-"""Block pool and per-sequence block tables: invariants under random operation sequences."""
+"""Block pool and per-sequence block tables: allocation, sharing, freeing and the integrity
+check."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from common.block_pool import BlockPool, BlockPoolError, KVCacheManager
 
@@ -59,57 +57,5 @@ def test_grow_covers_tokens_and_is_append_only():
     assert kv.grow("s", 100) is None and len(kv.table("s")) == 4  # nothing taken on failure
 
 
-class BlockTableMachine(RuleBasedStateMachine):
-    """Random grow / fork / free sequences never leak or double-free a block."""
-
-    def __init__(self):
-        super().__init__()
-        self.kv = KVCacheManager(num_blocks=24, block_size=4)
-        self.tokens: dict[str, int] = {}
-        self.counter = 0
-
-    @rule(tokens=st.integers(min_value=1, max_value=40))
-    def new_sequence(self, tokens):
-        seq_id = f"s{self.counter}"
-        self.counter += 1
-        before = self.kv.num_free_blocks
-        table = self.kv.grow(seq_id, tokens)
-        if table is None:
-            assert self.kv.num_free_blocks == before
-        else:
-            self.tokens[seq_id] = tokens
-
-    @precondition(lambda self: self.tokens)
-    @rule(data=st.data(), extra=st.integers(min_value=1, max_value=20))
-    def grow(self, data, extra):
-        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
-        if self.kv.grow(seq_id, self.tokens[seq_id] + extra) is not None:
-            self.tokens[seq_id] += extra
-
-    @precondition(lambda self: self.tokens)
-    @rule(data=st.data())
-    def fork(self, data):
-        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
-        child = f"s{self.counter}"
-        self.counter += 1
-        self.kv.fork(seq_id, child)
-        self.tokens[child] = self.tokens[seq_id]
-
-    @precondition(lambda self: self.tokens)
-    @rule(data=st.data())
-    def free(self, data):
-        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
-        self.kv.free(seq_id)
-        del self.tokens[seq_id]
-
-    @invariant()
-    def consistent(self):
-        self.kv.check_integrity(self.tokens)
-        for seq_id, tokens in self.tokens.items():
-            assert len(self.kv.table(seq_id)) >= self.kv.num_blocks_for(tokens)
-        if not self.tokens:
-            assert self.kv.num_free_blocks == self.kv.num_blocks
-
-
-TestBlockTables = BlockTableMachine.TestCase
-TestBlockTables.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+# The random grow / fork / free state machine (with and without the prefix cache) is in
+# test_prefix_cache.py.

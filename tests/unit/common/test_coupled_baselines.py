@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from unit.common.coupled_fixtures import make, run_to_completion, seq, shape, step
+from unit.common.coupled_fixtures import add_random, make, run_to_completion, seq, shape, step
 
 from common.plugins import COUPLED_POLICIES
 from common.schedulers.coupled import make_coupled_scheduler
@@ -119,11 +119,7 @@ def test_every_request_completes_under_memory_pressure(policy, host_blocks):
     rng = random.Random(policy)
     sched = make(policy, budget=12, max_seqs=4, num_blocks=9, block_size=4,
                  host_blocks=host_blocks)
-    wanted = {}
-    for i in range(12):
-        s = seq(f"s{i}", rng.randint(2, 14), max_tokens=rng.randint(4, 14), first=10 * i + 1)
-        wanted[s.seq_id] = s.sampling.max_tokens
-        sched.add(s)
+    wanted = add_random(sched, rng, 12, max_prompt=14, max_tokens=14, spacing=10, min_tokens=4)
     plans, finished = run_to_completion(sched)
     assert finished == wanted
     assert sched.kv.num_free_blocks == sched.kv.num_blocks

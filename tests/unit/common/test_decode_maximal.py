@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from unit.common.coupled_fixtures import make, run_to_completion, seq, shape, step
+from unit.common.coupled_fixtures import add_random, make, run_to_completion, seq, shape, step
 
 from common.config import ConfigError
 from common.plugins import COUPLED_POLICIES
@@ -71,11 +71,7 @@ def test_every_request_completes_with_at_most_one_prefill_chunk_per_forward(host
     rng = random.Random(host_blocks)
     sched = make("decode-maximal", budget=16, max_seqs=4, num_blocks=10,
                  host_blocks=host_blocks, options={"min_chunk": 2})
-    wanted = {}
-    for i in range(10):
-        s = seq(f"s{i}", rng.randint(2, 20), max_tokens=rng.randint(2, 10), first=20 * i + 1)
-        wanted[s.seq_id] = s.sampling.max_tokens
-        sched.add(s)
+    wanted = add_random(sched, rng, 10, max_prompt=20, max_tokens=10, spacing=20)
     plans, finished = run_to_completion(sched)
     assert finished == wanted and sched.num_preemptions > 0
     assert (sum(len(p.swap_out) for p in plans) > 0) == bool(host_blocks)

@@ -120,9 +120,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     frees: counts, free queues and hash maps stay consistent, shared blocks hold the tokens their
     hash names, and nothing leaks once every sequence is freed."""
 
+    prefix_caching = True
+
     def __init__(self):
         super().__init__()
-        self.kv = cached_kv(num_blocks=20)
+        self.kv = KVCacheManager(20, BS, prefix_caching=self.prefix_caching)
         self.tokens: dict[str, list[int]] = {}
         self.counter = 0
         self.content: dict[int, tuple] = {}  # block -> the tokens it was computed for
@@ -190,5 +192,13 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             assert self.kv.num_free_blocks == self.kv.num_blocks
 
 
+class BlockTableMachine(PrefixCacheMachine):
+    """The same random operations with the cache off: never a leak or a double free."""
+
+    prefix_caching = False
+
+
 TestPrefixCache = PrefixCacheMachine.TestCase
 TestPrefixCache.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+TestBlockTables = BlockTableMachine.TestCase
+TestBlockTables.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

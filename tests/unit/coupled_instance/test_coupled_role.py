@@ -143,7 +143,10 @@ def role_from_flags(tmp_path, *flags):
     from control_plane.cli import build_parser
     from control_plane.cli_args import instance_config
 
-    (tmp_path / "profile.json").write_text(json.dumps(PROFILE))
+    # the thread count now: other tests may have changed it since import, and a record made
+    # with another count is not used
+    record = {**PROFILE, "threads": torch.get_num_threads()}
+    (tmp_path / "profile.json").write_text(json.dumps(record))
     config = instance_config(build_parser().parse_args(
         ["instance", "--role", "coupled", "--cache-dir", str(tmp_path), "--max-num-seqs", "10",
          *flags]))
