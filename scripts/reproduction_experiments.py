@@ -8,7 +8,7 @@ This module owns how those tables read their JSON and the paper's numbers printe
 from __future__ import annotations
 
 from reproduction_sources import (NO_DATA, compare, data_line, load, num, pct, pct1, pm,
-                                  seeds_text, spread, table)
+                                  seeds_text, spread, spread_over, table)
 
 # -- E6 interference -------------------------------------------------------------------------------
 E6_ROWS = [  # (label, JSON section, cell, the paper's number)
@@ -150,9 +150,9 @@ def e14() -> list[str]:
     header = ["workload", "system", "TTFT mean (ms)", "JCT mean (s)", "output tok/s",
               "perf/$ (tok per instance busy-s)", "per core busy-s", "errors"]
     present = [r for r in runs.values() if r is not None]
-    pairs = [(r.mean(s, "JCT mean"), r.std(s, "JCT mean")) for r in present for s in E14_SYSTEMS]
+    spread_text = spread_over(present, E14_SYSTEMS, "JCT mean")
     return [*table(header, body), "", data_line(list(FIRST_RUN.values()), str(len(present)),
-                                                seeds_text(present), f"{spread(pairs)} (JCT mean)")]
+                                                seeds_text(present), f"{spread_text} (JCT mean)")]
 
 
 def _vs(run, base: str) -> str:
@@ -189,11 +189,11 @@ def e14_rerun() -> list[str]:
                          pm(run.mean(s, "JCT mean"), run.std(s, "JCT mean")),
                          num(run.mean(s, "output tok/s"), 1), run.data["results"][s]["errors"]])
     present = [r for r in runs.values() if r is not None]
-    pairs = [(r.mean(s, "JCT mean"), r.std(s, "JCT mean")) for r in present for s in E14_SYSTEMS]
     header = ["workload", "system", "TTFT mean (ms)", "TTFT p99", "JCT mean (ms)",
               "output tok/s", "errors"]
+    spread_text = spread_over(present, E14_SYSTEMS, "JCT mean")
     return [*table(header, body), "", data_line(names, str(len(present)), seeds_text(present),
-                                                f"{spread(pairs)} (JCT mean)")]
+                                                f"{spread_text} (JCT mean)")]
 
 
 BUILDERS = {"E6": e6, "E9": e9, "E9-after": e9_after, "E12": e12, "E13": e13, "E14": e14,

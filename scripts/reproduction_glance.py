@@ -9,7 +9,7 @@ not committed says "no committed data" in its numbers.
 from __future__ import annotations
 
 from reproduction_sources import (HOSTS, NO_DATA, SESSIONS, binomial_se, committed, compare,
-                                  kinds, load, pct, pct1, seeds_text, spread, table)
+                                  kinds, load, pct, pct1, seeds_text, spread_over, table)
 
 HEADER = ["experiment", "paper", "ours (from the data)", "verdict", "CPU kind", "runs", "seeds",
           "spread", "data"]
@@ -38,10 +38,9 @@ def vllm() -> list[str]:
                          f"{r.mean('vllm-cpu', metric):.{digits}f}" for r in runs)
     ours = (f"splitserve vs vLLM, runs 3 and 4: p99 TTFT {pair('TTFT p99', 0)} ms; "
             f"p99 TPOT {pair('TPOT p99', 1)} ms; {pair('output tok/s', 1)} tok/s")
-    pairs = [(r.mean(s, "TTFT p99"), r.std(s, "TTFT p99")) for r in runs
-             for s in ("sarathi", "vllm-cpu")]
     return _row("vLLM CPU vs splitserve, 50 req at 2/s", paper, verdict, names, ours,
-                str(len(runs)), seeds_text(runs), f"{spread(pairs)} (p99 TTFT)")
+                str(len(runs)), seeds_text(runs),
+                f"{spread_over(runs, ('sarathi', 'vllm-cpu'), 'TTFT p99')} (p99 TTFT)")
 
 
 def e6() -> list[str]:
@@ -74,9 +73,9 @@ def e7() -> list[str]:
     ours = (f"chunked-only / hybrid-only / both, heavy prompts: P99 TBT {three(hphd, 'TBT p99')} "
             f"ms, TTFT mean {three(hphd, 'TTFT mean')} ms; first turns at 4 req/s: P99 TBT "
             f"{three(rate4, 'TBT p99')} ms")
-    pairs = [(r.mean(s, "TBT p99"), r.std(s, "TBT p99")) for r in (hphd, rate4) for s in order]
     return _row("E7 Sarathi-Serve ablation", paper, verdict, names, ours, "2",
-                seeds_text([hphd, rate4]), f"{spread(pairs)} (P99 TBT)")
+                seeds_text([hphd, rate4]),
+                f"{spread_over((hphd, rate4), order, 'TBT p99')} (P99 TBT)")
 
 
 def e9() -> list[str]:
@@ -93,10 +92,9 @@ def e9() -> list[str]:
         return (f"{pct(ttft('fcfs'), ttft('vllm-1t'))}, {pct(ttft('sjf'), ttft('fcfs'))}, "
                 f"{pct(ttft('sjf-128'), ttft('sjf'))}")
     ours = f"TTFT mean: {steps(runs[0])}; after the kernels: {steps(runs[1])}"
-    pairs = [(r.mean(s, "TTFT mean"), r.std(s, "TTFT mean")) for r in runs
-             for s in ("vllm-1t", "fcfs", "sjf", "sjf-128")]
+    systems = ("vllm-1t", "fcfs", "sjf", "sjf-128")
     return _row("E9 prefill policies", paper, verdict, names, ours, "2", seeds_text(runs),
-                f"{spread(pairs)} (TTFT mean)")
+                f"{spread_over(runs, systems, 'TTFT mean')} (TTFT mean)")
 
 
 def e10() -> list[str]:
@@ -168,10 +166,9 @@ def e14() -> list[str]:
                       for r in runs.values())
     ours = (f"disagg JCT vs vllm (same 2 cores): {jct('vllm')}; vs vllm-1t (paper's 2x "
             f"hardware): {jct('vllm-1t')}; TTFT higher than vllm's on {ttft_higher} of 5")
-    pairs = [(r.mean(s, "JCT mean"), r.std(s, "JCT mean")) for r in runs.values()
-             for s in ("disagg", "vllm", "vllm-1t")]
+    spread_text = spread_over(runs.values(), ("disagg", "vllm", "vllm-1t"), "JCT mean")
     return _row("E14 five workloads", paper, verdict, names, ours, "1 per workload",
-                seeds_text(list(runs.values())), f"{spread(pairs)} (JCT mean)")
+                seeds_text(list(runs.values())), f"{spread_text} (JCT mean)")
 
 
 def e15() -> list[str]:
@@ -201,10 +198,9 @@ def e17() -> list[str]:
         return (f"{pct(r.mean('fastserve', m), r.mean('vllm', m))} vs FCFS, "
                 f"{pct(r.mean('fastserve', m), r.mean('fastserve-naive', m))} vs naive")
     ours = f"normalized latency at 2 req/s: {vs(runs[0])}; at 5 req/s: {vs(runs[1])}"
-    pairs = [(r.mean(s, "norm. latency mean"), r.std(s, "norm. latency mean")) for r in runs
-             for s in ("vllm", "fastserve-naive", "fastserve")]
+    systems = ("vllm", "fastserve-naive", "fastserve")
     return _row("E17 skip-join MLFQ", paper, verdict, names, ours, "2", seeds_text(runs),
-                f"{spread(pairs)} (normalized latency)")
+                f"{spread_over(runs, systems, 'norm. latency mean')} (normalized latency)")
 
 
 ROWS = (vllm, e6, e7, e9, e10, e12, e13, e14, e15, e17)

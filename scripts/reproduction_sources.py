@@ -142,6 +142,11 @@ def spread(pairs: list[tuple[float, float]]) -> str:
         else f"sd {low:.0f}% of the mean"
 
 
+def spread_over(runs, systems, metric: str) -> str:
+    """`spread` of `metric` over every run x system (the runs' per-seed means and sds)."""
+    return spread([(r.mean(s, metric), r.std(s, metric)) for r in runs for s in systems])
+
+
 def binomial_se(p: float, n: int) -> float:
     return math.sqrt(p * (1 - p) / n)
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reproduction_experiments as experiments  # noqa: E402
 import reproduction_glance as glance  # noqa: E402
 from reproduction_sources import (NO_DATA, ROOT, Compare, compare, data_line, pm,  # noqa: E402
-                                  seeds_text, spread, table)
+                                  seeds_text, spread, spread_over, table)
 
 DOC = ROOT / "docs" / "reproduction.md"
 REGION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)",
@@ -164,11 +164,11 @@ def e7_after() -> list[str]:
     body = [a + b[1:] for a, b in zip(slow, fast)]
     runs = [r for r in (compare("compare_sarathi_ablation_after_kernels"),
                         compare("compare_sarathi_ablation_rate4")) if r is not None]
-    pairs = [(r.mean(s, "TBT p99"), r.std(s, "TBT p99")) for r in runs for s in ABLATION]
     names = ["compare_sarathi_ablation_after_kernels", "compare_sarathi_ablation_rate4"]
     header = ["scheduler", *[c.header for c in cols], *[c.header for c in fast_cols]]
     return [*table(header, body), "", data_line(names, str(len(runs)), seeds_text(runs),
-                                                f"{spread(pairs)} (TBT p99)")]
+                                                f"{spread_over(runs, ABLATION, 'TBT p99')} "
+                                                "(TBT p99)")]
 
 
 def e7_hphd() -> list[str]:
