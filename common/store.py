@@ -32,7 +32,9 @@ FINISHED_REQUEST_TTL_S = 3600
 MAX_FLIPS = 1000
 MAX_FINISHED_REQUESTS = 10_000  # the in-process store's stand-in for Redis' expiry
 CLUSTER_VIEW_CHANNEL = "cluster-view"  # monitor -> prefill instances: decode loads
-FLIP_REPORT_CHANNEL = "flip-reports"  # instances -> leading gateway
+# instances -> gateways: FlipReports (the leader records them) and KVCacheEvents (every replica
+# routes by them)
+INSTANCE_EVENTS_CHANNEL = "instance-events"
 
 
 class StoreUnavailable(RuntimeError):

@@ -28,7 +28,7 @@ from common.messaging import Outbox
 from common.protocol import ClusterView, FlipCommand, FlipReport, InstanceStats, KVCacheEvents
 from common.store import (
     CLUSTER_VIEW_CHANNEL,
-    FLIP_REPORT_CHANNEL,
+    INSTANCE_EVENTS_CHANNEL,
     ControlStore,
     InProcessStore,
     StoreUnavailable,
@@ -60,7 +60,7 @@ class ClusterMonitor:
         self.recently_dead: dict[str, float] = {}
         self.recent_ttfts: deque[float] = deque(maxlen=50)
         self.timeline: deque[dict] = deque(maxlen=20_000)  # roles and queues over time
-        self._flip_reports = store.subscribe(FLIP_REPORT_CHANNEL) if self.uses_store else None
+        self._instance_events = store.subscribe(INSTANCE_EVENTS_CHANNEL) if self.uses_store else None
         self.on_flip: Callable[[FlipReport], None] | None = None
 
     async def run(self) -> None:
@@ -80,7 +80,7 @@ class ClusterMonitor:
         self._apply(*self._fetch())
 
     def _fetch(self) -> tuple:
-        """(instance reports or None, store reachable, leader or None, flip reports)."""
+        """(instance reports or None, store reachable, leader or None, instance events)."""
         reports, reachable, leader = None, True, None
         if self.uses_store:
             try:
@@ -91,13 +91,13 @@ class ClusterMonitor:
             leader = self.store.try_lead(self.gateway_id, LEADER_TTL_FACTOR * self.interval_s)
         except StoreUnavailable:
             pass  # keep the last answer until the store is back
-        flips = self._flip_reports.poll(0.0) if self._flip_reports is not None else []
-        return reports, reachable, leader, flips
+        events = self._instance_events.poll(0.0) if self._instance_events is not None else []
+        return reports, reachable, leader, events
 
-    def _apply(self, reports, reachable: bool, leader: bool | None, flips: list) -> None:
-        for events in flips:  # every replica routes, so every replica reads the cache events
-            if isinstance(events, KVCacheEvents):
-                self.on_kv_events(events)
+    def _apply(self, reports, reachable: bool, leader: bool | None, events: list) -> None:
+        for event in events:  # every replica routes, so every replica reads the cache events
+            if isinstance(event, KVCacheEvents):
+                self.on_kv_events(event)
         removed = self._refresh(reports, reachable)
         if removed:
             now = time.monotonic()
@@ -108,7 +108,7 @@ class ClusterMonitor:
             self.is_leader = leader
         if self.is_leader:
             self._broadcast()
-            for report in flips:
+            for report in events:
                 if isinstance(report, FlipReport):
                     self.on_flip_report(report)
             self._watch()
@@ -204,5 +204,5 @@ class ClusterMonitor:
                 for s in self.registry.instances.values()}})
 
     def close(self) -> None:
-        if self._flip_reports is not None:
-            self._flip_reports.close()
+        if self._instance_events is not None:
+            self._instance_events.close()

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from common.messaging import Outbox
 from common.protocol import InstanceStats, Message
-from common.store import CLUSTER_VIEW_CHANNEL, FLIP_REPORT_CHANNEL, StoreUnavailable, open_store
+from common.store import CLUSTER_VIEW_CHANNEL, INSTANCE_EVENTS_CHANNEL, StoreUnavailable, open_store
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class StoreLink(ControlLink):
         self._guarded(self.store.put_instance, stats, self.ttl_s)
 
     def _publish(self, message: Message) -> None:
-        self._guarded(self.store.publish, FLIP_REPORT_CHANNEL, message)
+        self._guarded(self.store.publish, INSTANCE_EVENTS_CHANNEL, message)
 
     def _guarded(self, call, *args) -> None:
         try:

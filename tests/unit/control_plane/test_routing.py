@@ -137,3 +137,17 @@ def test_routing_flags_reach_the_gateway_config(local):
     routing = gateway_config(args, 0).routing
     assert (routing.policy, routing.local_prefill, routing.local_prefill_tokens) == \
         ("least_loaded", local, 77)
+
+
+def test_every_gateway_replica_applies_cache_events_the_leader_alone_records_flips():
+    from common.protocol import FlipReport
+    from common.store import InProcessStore
+    from control_plane.monitor import ClusterMonitor
+
+    applied, flips = [], []
+    monitor = ClusterMonitor(InstanceRegistry(60.0), InProcessStore(), None, "g1", 0.1, None,
+                             lambda removed: None, on_kv_events=applied.append)
+    monitor.on_flip_report = flips.append
+    events = [KVCacheEvents("d0", BS, [1, 2]), FlipReport("f", "d0", "decode", "prefill", 0, 0, 0)]
+    monitor._apply(None, True, False, events)  # not the leader
+    assert applied == events[:1] and flips == []
