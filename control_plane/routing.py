@@ -65,9 +65,6 @@ class PrefixIndex:
         self.hashes.pop(instance_id, None)
         self.block_sizes.pop(instance_id, None)
 
-    def __bool__(self) -> bool:
-        return any(self.hashes.values())
-
 
 @dataclass
 class PromptHashes:
@@ -177,15 +174,16 @@ class Router:
         uncached work first, then least queued."""
         if self.local_budget < 0:
             return None
-        fits = [d for d in decodes
-                if num_tokens - cached[d.stats.instance_id] <= self.local_budget
-                and queued_tokens(d) + num_tokens - cached[d.stats.instance_id]
-                <= self.local_budget
-                and d.stats.num_free_blocks * self.index_block_size(d) >= num_tokens]
-        return min(fits, key=lambda d: (num_tokens - cached[d.stats.instance_id],
-                                        queued_tokens(d), d.stats.instance_id), default=None)
+        def uncached(d: InstanceState) -> int:
+            return num_tokens - cached[d.stats.instance_id]
+        # the queued tokens count too: the instance takes this prefill only if its whole queue
+        # of prompt work stays within the budget
+        fits = [d for d in decodes if queued_tokens(d) + uncached(d) <= self.local_budget
+                and d.stats.num_free_blocks * self._block_size(d) >= num_tokens]
+        return min(fits, key=lambda d: (uncached(d), queued_tokens(d), d.stats.instance_id),
+                   default=None)
 
-    def index_block_size(self, state: InstanceState) -> int:
+    def _block_size(self, state: InstanceState) -> int:
         return self.index.block_sizes.get(state.stats.instance_id, 16)
 
 

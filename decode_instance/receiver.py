@@ -27,7 +27,6 @@ LEASE_MARGIN_S = 1.0  # finish reading this long before the prefill's lease expi
 class HandOff:
     offer: KVTransferOffer
     num_requested: int = 0  # tokens whose blocks have been asked for (or were here already)
-    num_local: int = 0  # leading tokens whose KV our prefix cache held: never read
     outstanding: int = 0  # jobs submitted, result not yet seen
     complete: bool = False  # the final job succeeded
     failed: str = ""  # first error; set once
@@ -128,7 +127,7 @@ class Receiver:
         if table is None:
             kv.free(offer.request_id)
             return None
-        handoff.num_requested = handoff.num_local = have
+        handoff.num_requested = have  # our cached blocks count as requested: never read
         read = -(-offer.num_prompt_tokens // kv.block_size) - have // kv.block_size
         self.blocks_read += read
         self.blocks_skipped += have // kv.block_size

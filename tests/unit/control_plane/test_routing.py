@@ -55,7 +55,7 @@ def test_index_applies_deltas_and_snapshots():
     index.apply(KVCacheEvents("p0", BS, [9], snapshot=True))
     assert index.hashes["p0"] == {9}
     index.forget("p0")
-    assert not index
+    assert not index.hashes and not index.block_sizes
 
 
 def test_cached_tokens_count_the_leading_run_of_blocks_only():
