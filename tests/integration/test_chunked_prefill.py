@@ -214,8 +214,7 @@ def test_one_call_attention_matches_torch_attention_on_a_mixed_batch(default_mod
     torch.testing.assert_close(one_call, per_segment, atol=0.6, rtol=0.05)
     probs, reference = one_call.float().softmax(-1), per_segment.float().softmax(-1)
     assert (probs - reference).abs().max() < 0.02
-    # The greedy token agrees, or the two are a near tie in the reference (within a bfloat16
-    # step at that magnitude), where summation order may pick either.
+    # The greedy token is one the reference ranks first: an exact tie in bfloat16 (seen on a
+    # Zen 5: two logits equal in the reference) may break either way, nothing else may.
     chosen = per_segment.float().gather(-1, one_call.argmax(-1, keepdim=True)).squeeze(-1)
-    gap = per_segment.float().max(-1).values - chosen
-    assert (gap <= 0.25).all(), gap
+    assert torch.equal(chosen, per_segment.float().max(-1).values)
