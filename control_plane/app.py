@@ -301,7 +301,10 @@ def _add_routes(app: FastAPI, api: Api, gateway: Gateway) -> None:
         return {"gateway": {"id": gateway.gateway_id, "inbox": gateway.inbox_address,
                             "leader": bool(monitor and monitor.is_leader),
                             "store_reachable": not gateway.registry.store_stale,
-                            "requests_in_flight": len(gateway.handles)},
+                            "requests_in_flight": len(gateway.handles),
+                            # what this gateway routes by: block hashes it knows per instance
+                            "prefix_index": {instance: len(hashes) for instance, hashes
+                                             in gateway.router.index.hashes.items()}},
                 "instances": gateway.registry.describe(), "flips": flips}
 
     @app.post("/cluster/flip", dependencies=[Depends(admin)])

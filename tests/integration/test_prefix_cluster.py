@@ -28,11 +28,28 @@ def complete(cluster: Cluster, prompt: list[int], max_tokens: int = 16) -> list[
     return response.json()["choices"][0]["text"]
 
 
-def prefix_stats(cluster: Cluster, role: str) -> dict:
-    """The prefix-cache counters of the (first) instance of `role`, once reported."""
-    time.sleep(0.3)  # a report interval or three
-    instances = [i for i in cluster.cluster()["instances"] if i["role"] == role]
-    return sorted(instances, key=lambda i: i["instance_id"])[0]["prefix_cache"]
+def wait_for(read, ready, timeout: float = 15.0):
+    """`read()` once `ready` holds for it (instances report every 100 ms), else the last read."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while not ready(value) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = read()
+    return value
+
+
+def prefix_stats(cluster: Cluster, role: str, ready=lambda stats: True) -> dict:
+    """The prefix-cache counters of the (first) instance of `role`, once `ready` holds."""
+    def read():
+        instances = [i for i in cluster.cluster()["instances"] if i["role"] == role]
+        return sorted(instances, key=lambda i: i["instance_id"])[0]["prefix_cache"]
+    return wait_for(read, ready)
+
+
+def indexed(cluster: Cluster, instance_id: str, num_blocks: int) -> int:
+    """Blocks of `instance_id` in the gateway's prefix index, once it knows `num_blocks`."""
+    return wait_for(lambda: cluster.cluster()["gateway"]["prefix_index"].get(instance_id, 0),
+                    lambda known: known >= num_blocks)
 
 
 def _flip(cluster: Cluster, instance_id: str, role: str) -> None:
@@ -52,10 +69,11 @@ def test_a_later_turn_reads_only_missing_blocks(tmp_path, tiny):
                       "--local-prefill", "off", log_dir=tmp_path)
     try:
         first = complete(cluster, PROMPT)
-        before = prefix_stats(cluster, "decode")
+        before = prefix_stats(cluster, "decode", lambda s: s["blocks_read"] >= 13)
         assert before["blocks_skipped"] == 0 and before["blocks_read"] == 13
         assert complete(cluster, PROMPT) == first  # the same prompt again: cached both sides
-        prefill, decode = prefix_stats(cluster, "prefill"), prefix_stats(cluster, "decode")
+        prefill = prefix_stats(cluster, "prefill", lambda s: s["hit_tokens"] >= 192)
+        decode = prefix_stats(cluster, "decode", lambda s: s["blocks_read"] >= 14)
         assert prefill["hit_tokens"] == 192  # 12 blocks; the last token is recomputed
         assert decode["blocks_skipped"] == 12 and decode["blocks_read"] == 13 + 1
         assert decode["local_prefills"] == 0
@@ -69,13 +87,15 @@ def test_conditional_disaggregation_prefills_a_cached_prompt_on_the_decode_insta
                       "--local-prefill", "on", "--local-prefill-tokens", "32", log_dir=tmp_path)
     try:
         first = complete(cluster, PROMPT)  # 200 uncached tokens: remote prefill, transfer
-        assert prefix_stats(cluster, "decode")["local_prefills"] == 0
-        time.sleep(0.5)  # the decode instance's cache events reach the gateway
+        received = prefix_stats(cluster, "decode", lambda s: s["blocks_read"] >= 13)
+        assert received["local_prefills"] == 0
+        assert indexed(cluster, "decode-0", 13) >= 13  # its cache events reached the gateway
         assert complete(cluster, PROMPT) == first
-        decode = prefix_stats(cluster, "decode")
+        decode = prefix_stats(cluster, "decode", lambda s: s["local_prefills"] >= 1)
         assert decode["local_prefills"] == 1 and decode["hit_tokens"] >= 192
         short = complete(cluster, PROMPT[:20], max_tokens=4)  # short: no cache needed
-        assert prefix_stats(cluster, "decode")["local_prefills"] == 2 and len(short) > 0
+        assert prefix_stats(cluster, "decode", lambda s: s["local_prefills"] >= 2)[
+            "local_prefills"] == 2 and len(short) > 0
     finally:
         cluster.stop()
 
@@ -86,16 +106,18 @@ def test_a_flip_keeps_the_cache(tmp_path, tiny):
                       log_dir=tmp_path)
     try:
         first = complete(cluster, PROMPT)
-        time.sleep(0.5)
-        held = [i["instance_id"] for i in cluster.cluster()["instances"]
+        views = wait_for(cluster.cluster, lambda view: any(
+            i["role"] == "prefill" and i["kv_blocks"]["cached"] > 0 for i in view["instances"]))
+        held = [i["instance_id"] for i in views["instances"]
                 if i["role"] == "prefill" and i["kv_blocks"]["cached"] > 0]
         assert len(held) == 1
         for role in ("decode", "prefill"):  # there and back
             _flip(cluster, held[0], role)
-        time.sleep(0.5)
         assert cluster.instance(held[0])["kv_blocks"]["cached"] >= 12
+        assert indexed(cluster, held[0], 12) >= 12  # the gateway still routes by its cache
         assert complete(cluster, PROMPT) == first  # routed to the cache, hits it
-        time.sleep(0.5)  # its next load report
-        assert cluster.instance(held[0])["prefix_cache"]["hit_tokens"] == 192
+        hits = wait_for(lambda: cluster.instance(held[0])["prefix_cache"]["hit_tokens"],
+                        lambda tokens: tokens >= 192)
+        assert hits == 192
     finally:
         cluster.stop()
