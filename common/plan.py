@@ -22,6 +22,15 @@ class ScheduledChunk:
     # Sample a token after the last one (end of prompt or decode). None = compute KV only.
     sampling: SamplingParams | None = None
     num_output_tokens: int = 0  # tokens generated so far: the index of the one sampled now
+    # For logits processing that reads earlier tokens (penalties): the sequence's token ids so
+    # far, prompt first (shared with the sequence, not copied), and how many are prompt. None
+    # when the sampling parameters need none.
+    history: list[int] | None = None
+    num_prompt_tokens: int = 0
+    # The sequence's grammar matcher (common.engine.guided) when its output is constrained.
+    guide: object | None = None
+    # A prompt chunk of a request asking for prompt log-probabilities: how many top ones.
+    prompt_logprobs: int | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -70,4 +79,8 @@ class ModelOutput:
     logits: dict = field(default_factory=dict)  # seq_id -> [vocab] float32, when asked for
     # seq_id -> float32 [hidden_size] (or [len(plan.hidden_layers), hidden_size]), when asked for
     hidden: dict = field(default_factory=dict)
+    # seq_id -> TokenLogprobs of the sampled token (SamplingParams.logprobs)
+    logprobs: dict = field(default_factory=dict)
+    # seq_id -> [TokenLogprobs] of the chunk's prompt tokens that have a known next token
+    prompt_logprobs: dict = field(default_factory=dict)
     forward_seconds: float = 0.0

@@ -225,6 +225,18 @@ class KVCacheEvents(Message):
     snapshot: bool = False
 
 
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """One position's log-probabilities (the model's raw distribution): the chosen token's
+    (sampled, or the prompt's next token), its rank (1 = likeliest), and the likeliest
+    `len(top_ids)` tokens' (SamplingParams.logprobs / prompt_logprobs of them)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_ids: list[int] = []
+    top_logprobs: list[float] = []
+
+
 class TokenUpdate(msgspec.Struct, omit_defaults=True):
     request_id: str
     token_ids: list[int] = []
@@ -235,6 +247,9 @@ class TokenUpdate(msgspec.Struct, omit_defaults=True):
     next_instance: str = ""  # the decode instance a prefill handed the request to
     error: str = ""
     recoverable: bool = False  # the error lost no output: the gateway may run it again elsewhere
+    logprobs: list[TokenLogprobs] = []  # one per token_ids, when the request asked
+    # With the first token, when the request asked: prompt tokens 1.. (the first has none)
+    prompt_logprobs: list[TokenLogprobs] = []
 
 
 class TokenBatch(Message):

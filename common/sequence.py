@@ -122,7 +122,7 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         """Add a sampled token and finish the sequence if it hit a stop condition."""
         self.token_ids.append(token_id)
-        if self.sampling.is_stop_token(token_id):
+        if self.sampling.is_stop_token(token_id, self.num_output_tokens):
             self.status = SequenceStatus.FINISHED_STOPPED
         elif (self.num_output_tokens >= self.sampling.max_tokens
               or self.num_tokens >= self.max_model_len):

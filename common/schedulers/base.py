@@ -27,6 +27,8 @@ class SequenceUpdate:
     finish_reason: str | None = None  # "stop", "length", "abort" once finished
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    logprobs: list = field(default_factory=list)  # TokenLogprobs per new token, when asked
+    prompt_logprobs: list = field(default_factory=list)  # with the first token, when asked
 
 
 @dataclass
