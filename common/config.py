@@ -347,6 +347,7 @@ class GatewayConfig:
     inbox_port: int = 0  # 0 = any free port
     model: str | None = None  # for the tokenizer and the served name; None = default model
     served_name: str | None = None
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template
     cache_dir: str = "~/.cache/splitserve"
     request_timeout_s: float = 600.0  # a request never waits longer than this in total
     token_timeout_s: float = 60.0  # ... nor longer than this for its next token

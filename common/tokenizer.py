@@ -33,8 +33,13 @@ def _raise_exception(message: str):
 
 
 class TextTokenizer:
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chat_template_file: str | Path | None = None
+                 ) -> None:
+        """`chat_template_file`: a Jinja template used instead of the model's own."""
         self.model_dir = Path(model_dir)
+        self.chat_template_file = Path(chat_template_file) if chat_template_file else None
+        if self.chat_template_file is not None and not self.chat_template_file.is_file():
+            raise ModelLoadError(f"no chat template file {self.chat_template_file}")
         path = self.model_dir / "tokenizer.json"
         if not path.exists():
             raise ModelLoadError(f"no tokenizer.json in {self.model_dir}")
@@ -72,6 +77,8 @@ class TextTokenizer:
 
     @cached_property
     def chat_template(self) -> str | None:
+        if self.chat_template_file is not None:
+            return self.chat_template_file.read_text()
         template_file = self.model_dir / "chat_template.jinja"
         if template_file.exists():
             return template_file.read_text()
@@ -95,12 +102,19 @@ class TextTokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         return env.from_string(self.chat_template)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders a `tools` list (as Hugging Face templates name it)."""
+        return bool(self.chat_template) and "tools" in self.chat_template
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         return self._compiled_template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
+            messages=messages, add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> list[int]:
         # The template already writes every special token, as transformers assumes.
-        text = self.apply_chat_template(messages, add_generation_prompt)
+        text = self.apply_chat_template(messages, add_generation_prompt, tools)
         return self.encode(text, add_special_tokens=False)

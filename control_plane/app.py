@@ -10,46 +10,29 @@ text (no role-only chunk ahead of it), with no comment or keep-alive lines; with
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import InvalidRequestError
 from control_plane.admission import BodyLimit, TooBusyError, UnauthorizedError
-from control_plane.gateway import Gateway, NoInstanceError, RequestHandle
+from control_plane.gateway import Gateway, NoInstanceError
 from control_plane.monitor import FlipError
-from control_plane.openai_api import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    ResponseBuilder,
-    check_supported,
-    error_body,
-    usage,
-)
+from control_plane.openai_api import ChatCompletionRequest, CompletionRequest, error_body
+from control_plane.serving import Api, ErrorResponse
 
 log = logging.getLogger(__name__)
-DISCONNECT_POLL_S = 0.25
-LONG_TEXT_CHARS = 20_000
 
 
 class FlipBody(BaseModel):
     instance_id: str
     role: str
-
-
-class ErrorResponse(JSONResponse):
-    """Error JSON escaped to ASCII: an error may quote the client's own text back (a model name),
-    and a lone surrogate in it cannot be encoded as UTF-8, which would turn a 4xx into a 500."""
-
-    def render(self, content) -> bytes:
-        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
@@ -61,136 +44,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     location = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(location) or None
     message = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":  # a field of no schema we implement
+        return f"`{param}` is not supported by this server", param
     return (f"{param}: {message}" if param else message), param
-
-
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
-
-
-class Api:
-    """Request handling shared by the completions and chat endpoints."""
-
-    def __init__(self, gateway: Gateway, aliases: set[str]) -> None:
-        self.gateway = gateway
-        self.aliases = aliases | {gateway.served_name}
-
-    async def prepare(self, body, chat: bool) -> tuple[list[int], object]:
-        if body.model not in self.aliases:
-            raise InvalidRequestError(f"the model `{body.model}` does not exist; this server "
-                                      f"serves `{self.gateway.served_name}`")
-        check_supported(body)
-        max_model_len = self.gateway.max_model_len
-        if max_model_len is None:
-            raise NoInstanceError("no instance has registered yet")
-        tokenizer = self.gateway.tokenizer
-        prompt_ids = await self._tokenize(body, chat)
-        if not prompt_ids:
-            raise InvalidRequestError("the prompt is empty")
-        remaining = max_model_len - len(prompt_ids)
-        default_max = remaining if chat else min(16, remaining)
-        cap = self.gateway.config.limits.max_output_tokens
-        if cap:
-            default_max = min(default_max, cap)
-        params = body.sampling_params(max(default_max, 1), tokenizer.eos_token_ids)
-        if len(prompt_ids) + params.max_tokens > max_model_len:
-            raise InvalidRequestError(
-                f"this model's maximum context length is {max_model_len} tokens, but "
-                f"{len(prompt_ids) + params.max_tokens} were requested ({len(prompt_ids)} in the "
-                f"prompt, {params.max_tokens} for the completion)")
-        return prompt_ids, params
-
-    async def _tokenize(self, body, chat: bool) -> list[int]:
-        """Prompt token ids; long texts are tokenized off the event loop so one large prompt
-        cannot stall every other stream."""
-        tokenizer = self.gateway.tokenizer
-        if not chat and isinstance(body.prompt, list):
-            prompt_ids = [int(t) for t in body.prompt]
-            if any(not 0 <= t < tokenizer.vocab_size for t in prompt_ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, "
-                                          f"{tokenizer.vocab_size})")
-            return prompt_ids
-        work = ((lambda: tokenizer.encode_chat(body.template_messages())) if chat
-                else (lambda: tokenizer.encode(body.prompt)))
-        size = sum(len(m.text()) for m in body.messages) if chat else len(body.prompt)
-        return await asyncio.to_thread(work) if size > LONG_TEXT_CHARS else work()
-
-    async def handle(self, body, chat: bool, request: Request):
-        admission = self.gateway.admission
-        key = admission.authenticate(request.headers.get("authorization"))
-        client = key or (request.client.host if request.client else "?")
-        admission.check_room(client)  # before any work: refusing must stay cheap under overload
-        admission.acquire(client)
-        try:
-            prompt_ids, params = await self.prepare(body, chat)
-            admission.check_sizes(len(prompt_ids), params.max_tokens)
-            handle = self.gateway.submit(prompt_ids, params)
-        except BaseException:
-            admission.release(client)
-            raise
-        builder = ResponseBuilder(chat, self.gateway.served_name)
-        if body.stream:
-            return StreamingResponse(self._stream(handle, builder, body.stream_options, client),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        try:
-            return await self._complete(handle, builder, request)
-        finally:
-            admission.release(client)
-
-    async def _stream(self, handle: RequestHandle, builder: ResponseBuilder, options,
-                      client: str):
-        try:
-            async for line in self._stream_lines(handle, builder, options):
-                yield line
-        finally:
-            self.gateway.admission.release(client)
-
-    async def _stream_lines(self, handle: RequestHandle, builder: ResponseBuilder, options):
-        include_usage = bool(options and options.include_usage)
-        continuous = bool(options and options.continuous_usage_stats)
-        last = None
-        try:
-            async for event in self.gateway.events(handle):
-                last = event
-                if event.error:
-                    yield _sse(error_body(event.error, "server_error", None, 500))
-                    break
-                running = (usage(event.num_prompt_tokens, event.num_output_tokens)
-                           if continuous else None)
-                yield _sse(builder.chunk_json(event.text, event.finish_reason, running))
-            if include_usage and last is not None and not last.error:
-                yield _sse(builder.usage_chunk(usage(last.num_prompt_tokens,
-                                                     last.num_output_tokens)))
-            yield _sse("[DONE]")
-        finally:
-            self.gateway.close(handle)  # aborts the request everywhere if the client left
-
-    async def _complete(self, handle: RequestHandle, builder: ResponseBuilder, request: Request):
-        collect = asyncio.create_task(self._collect(handle))
-        try:
-            while not collect.done():
-                await asyncio.wait({collect}, timeout=DISCONNECT_POLL_S)
-                if not collect.done() and await request.is_disconnected():
-                    collect.cancel()
-                    return _error(499, "client disconnected", "client_closed_request")
-            text, last = collect.result()
-        finally:
-            if not collect.done():
-                collect.cancel()
-            self.gateway.close(handle)
-        if last is None or last.error:
-            return _error(500, (last.error if last else None) or "no output", "server_error")
-        return JSONResponse(builder.response(text, last.finish_reason,
-                                             usage(last.num_prompt_tokens,
-                                                   last.num_output_tokens)))
-
-    async def _collect(self, handle: RequestHandle):
-        parts, last = [], None
-        async for event in self.gateway.events(handle):
-            parts.append(event.text)
-            last = event
-        return "".join(parts), last
 
 
 def create_app(gateway: Gateway, aliases: set[str] | None = None, manage_gateway: bool = True

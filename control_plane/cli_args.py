@@ -241,6 +241,9 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--host", default="127.0.0.1")
     group.add_argument("--port", type=int, default=8000)
     group.add_argument("--served-name", default=None, help="model name in the API")
+    group.add_argument("--chat-template", default=None, metavar="PATH",
+                       help="a Jinja chat template replacing the model's own (e.g. one that "
+                            "renders tools)")
     group.add_argument("--request-timeout", type=float, default=600.0)
     group.add_argument("--token-timeout", type=float, default=60.0)
     group.add_argument("--gateway-id", default="", help="unique per gateway replica")
@@ -324,7 +327,8 @@ def limits_config(args: argparse.Namespace) -> LimitsConfig:
 
 def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
     return GatewayConfig(host=args.host, port=args.port, inbox_port=inbox_port, model=args.model,
-                         served_name=args.served_name, cache_dir=args.cache_dir,
+                         served_name=args.served_name, chat_template=args.chat_template,
+                         cache_dir=args.cache_dir,
                          request_timeout_s=args.request_timeout,
                          token_timeout_s=args.token_timeout, store_url=args.redis,
                          store_prefix=args.store_prefix, gateway_id=args.gateway_id,

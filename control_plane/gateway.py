@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -67,6 +68,11 @@ class StreamEvent:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # Only for requests that asked: the TokenLogprobs of the tokens behind this delta, and (once,
+    # with the first) of the prompt's tokens after its first
+    logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
 
 
 class UpdateQueue:
@@ -226,20 +232,24 @@ class Gateway:
         return self.registry.is_serving()
 
     # -- requests ------------------------------------------------------------------------------
-    def submit(self, prompt_token_ids: list[int], params: SamplingParams) -> RequestHandle:
-        """Send a request to the least-loaded prefill instance (NoInstanceError if none)."""
+    def submit(self, prompt_token_ids: list[int], params: SamplingParams, prefer: str = ""
+               ) -> RequestHandle:
+        """Send a request where the router says (NoInstanceError if nowhere), or to instance
+        `prefer` while it can take it (a request's further choices go where the first one's
+        prompt is cached)."""
         if not self.registry.is_serving():
             raise NoInstanceError("no prefill and decode instances are ready yet")
         request_id = uuid.uuid4().hex
         handle = RequestHandle(request_id, list(prompt_token_ids), params,
                                time.monotonic() + self.config.request_timeout_s, "")
         self.table.create(RequestRecord(request_id, time.time(), len(prompt_token_ids)))
-        self._send_attempt(handle)
+        self._send_attempt(handle, prefer=prefer)
         return handle
 
-    def _send_attempt(self, handle: RequestHandle, exclude: set[str] = frozenset()) -> bool:
+    def _send_attempt(self, handle: RequestHandle, exclude: set[str] = frozenset(),
+                      prefer: str = "") -> bool:
         generated = handle.output_token_ids
-        route = self.router.choose(handle.prompt_token_ids + generated, exclude)
+        route = self.router.choose(handle.prompt_token_ids + generated, exclude, prefer)
         if route is None:
             return False
         target = route.target
@@ -293,10 +303,20 @@ class Gateway:
         delta = text.push(update.token_ids, finish is not None)
         if finish is None and text.stopped:
             finish, handle.stopped_by_string = "stop", True
-        if finish is not None:
-            return self._end(handle, delta, finish)
-        return StreamEvent(delta, None, None, handle.num_prompt_tokens,
-                           len(handle.output_token_ids))
+        event = (self._end(handle, delta, finish) if finish is not None else
+                 StreamEvent(delta, None, None, handle.num_prompt_tokens,
+                             len(handle.output_token_ids)))
+        if update.logprobs or update.prompt_logprobs:
+            self._attach_logprobs(handle, update, event)
+        return event
+
+    @staticmethod
+    def _attach_logprobs(handle: RequestHandle, update: TokenUpdate, event: StreamEvent) -> None:
+        event.token_ids, event.logprobs = update.token_ids, update.logprobs
+        if update.prompt_logprobs and handle.params.prompt_logprobs is not None:
+            event.prompt_logprobs = update.prompt_logprobs
+            # delivered: an attempt after a failure need not compute them again
+            handle.params = msgspec.structs.replace(handle.params, prompt_logprobs=None)
 
     def _advance_phase(self, handle: RequestHandle, update: TokenUpdate) -> None:
         """PREFILLED at the attempt's first token, then DECODING once a decode instance holds

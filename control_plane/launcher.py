@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
     resolved = resolve_model(config.model, Path(config.cache_dir).expanduser(), in_subprocess=True)
-    tokenizer = TextTokenizer(resolved.hf_dir)
+    tokenizer = TextTokenizer(resolved.hf_dir, config.chat_template)
     served = config.served_name or resolved.name
     aliases = {served, resolved.name, str(resolved.source), str(resolved.hf_dir)}
     if config.model:

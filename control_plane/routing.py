@@ -152,7 +152,12 @@ class Router:
         self.registry, self.config, self.policy = registry, config, policy
         self.index, self.local_budget = index, local_budget
 
-    def choose(self, token_ids: list[int], exclude: set[str] = frozenset()) -> Route | None:
+    def choose(self, token_ids: list[int], exclude: set[str] = frozenset(), prefer: str = ""
+               ) -> Route | None:
+        """Where to send a prompt; `prefer`, an instance id, wins while it can take it."""
+        preferred = self._preferred(prefer, exclude)
+        if preferred is not None:
+            return preferred
         prompt = PromptHashes(token_ids)
         decodes = [d for d in self.registry.routable("decode")
                    if d.stats.instance_id not in exclude]
@@ -167,6 +172,16 @@ class Router:
             return None
         return Route(self.policy.pick(candidates, prompt),
                      decode_cached_tokens={k: v for k, v in cached.items() if v})
+
+    def _preferred(self, prefer: str, exclude: set[str]) -> Route | None:
+        if not prefer or prefer in exclude:
+            return None
+        if any(s.stats.instance_id == prefer for s in self.registry.entry_points()):
+            return Route(self.registry.get(prefer))
+        if self.local_budget >= 0 and any(d.stats.instance_id == prefer
+                                          for d in self.registry.routable("decode")):
+            return Route(self.registry.get(prefer), local_prefill=True)
+        return None
 
     def _local_target(self, decodes: list[InstanceState], cached: dict[str, int],
                       num_tokens: int) -> InstanceState | None:

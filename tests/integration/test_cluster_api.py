@@ -155,7 +155,10 @@ def test_disconnect_mid_stream_frees_blocks_everywhere(cluster):
     (json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 0}), "max_tokens"),
     (json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 9000}), "context length"),
     (json.dumps({"model": MODEL, "prompt": "word " * 9000}), "context length"),
-    (json.dumps({"model": MODEL, "prompt": "hi", "n": 2}), "n=1"),
+    (json.dumps({"model": MODEL, "prompt": "hi", "n": 99}), "n"),
+    (json.dumps({"model": MODEL, "prompt": "hi", "frobnicate": 1}), "`frobnicate` is not"),
+    (json.dumps({"model": MODEL, "prompt": "hi", "max_completion_tokens": 3}),
+     "`max_completion_tokens` is not"),
     (json.dumps({"model": MODEL, "prompt": "hi", "temperature": -1}), "temperature"),
     (json.dumps({"model": MODEL, "prompt": []}), "prompt"),
     (json.dumps({"model": MODEL, "prompt": "hi", "stream_options": {"include_usage": True}}),
@@ -179,8 +182,8 @@ def test_chat_bad_input(cluster):
 
 
 def test_compatibility_fields_accepted(cluster):
-    response = complete(cluster.url, "Hello", max_tokens=None, best_of=1, logprobs=None,
-                        stop=None, max_completion_tokens=3, user="bench")
+    response = complete(cluster.url, "Hello", max_tokens=3, best_of=1, logprobs=None,
+                        stop=None, user="bench", repetition_penalty=1.0)
     assert response.status_code == 200, response.text
     chat = httpx.post(cluster.url + "/v1/chat/completions", timeout=60, json={
         "model": MODEL, "messages": [{"role": "user", "content": "Hi"}],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -10,11 +12,10 @@ from common.sampling_params import SamplingParams
 from control_plane.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
-    ResponseBuilder,
     check_supported,
     error_body,
-    usage,
 )
+from control_plane.responses import ResponseBuilder, usage
 
 EOS = (2, 32000)
 
@@ -42,7 +43,7 @@ def test_vllm_benchmark_completion_body():
     assert req.stream_options.include_usage and not req.stream_options.continuous_usage_stats
     assert req.unsupported() is None
     check_supported(req)  # does not raise
-    assert not hasattr(req, "repetition_penalty")  # unknown fields are ignored
+    assert req.repetition_penalty == 1.0  # honoured (vLLM's extension), 1.0 = off
 
 
 def test_vllm_benchmark_chat_body():
@@ -64,8 +65,9 @@ def test_chat_prefers_max_completion_tokens_over_max_tokens():
     assert chat(max_completion_tokens=0, max_tokens=99).requested_max_tokens() == 0
     assert chat().requested_max_tokens() is None
     assert completion(max_tokens=5).requested_max_tokens() == 5
-    # completions have no max_completion_tokens: the field is ignored, not used
-    assert completion(max_completion_tokens=7).requested_max_tokens() is None
+    # completions have no max_completion_tokens: refused, naming it
+    with pytest.raises(ValidationError, match="max_completion_tokens"):
+        completion(max_completion_tokens=7)
 
 
 @pytest.mark.parametrize("stop, expected", [
@@ -82,11 +84,11 @@ def test_stop_with_a_lone_surrogate_is_refused(stop):
 
 
 def test_prompt_forms():
-    assert completion(prompt=["only one"]).prompt == "only one"
-    assert completion(prompt=[1, 2, 3]).prompt == [1, 2, 3]
-    assert completion(prompt=["12"]).prompt == "12"  # a string stays a string
-    with pytest.raises(ValidationError, match="exactly one prompt"):
-        completion(prompt=["one", "two"])
+    assert completion(prompt=["only one"]).prompts() == ["only one"]
+    assert completion(prompt=[1, 2, 3]).prompts() == [[1, 2, 3]]
+    assert completion(prompt=["12"]).prompts() == ["12"]  # a string stays a string
+    assert completion(prompt=["one", "two"]).prompts() == ["one", "two"]
+    assert completion(prompt=[[1, 2], [3]]).prompts() == [[1, 2], [3]]
     with pytest.raises(ValidationError, match="empty"):
         completion(prompt=[])
     with pytest.raises(ValidationError):
@@ -119,52 +121,76 @@ def test_out_of_range_values_fail_validation(field, value):
 
 # -- refusals --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, message", [
-    ({"n": 2}, "only n=1 is supported"),
-    ({"best_of": 2}, "only best_of=1 is supported"),
-    ({"logprobs": 5}, "logprobs are not supported"),
-    ({"echo": True}, "echo is not supported"),
-    ({"suffix": "end"}, "suffix is not supported"),
-    ({"presence_penalty": 0.5}, "presence_penalty and frequency_penalty are not supported"),
-    ({"frequency_penalty": -1.0}, "presence_penalty and frequency_penalty are not supported"),
+    ({"best_of": 1, "n": 2}, "`best_of` must be at least n"),
+    ({"best_of": 3, "stream": True}, "`best_of` cannot be used with stream"),
+    ({"suffix": "end"}, "`suffix` is not supported"),
     ({"stream_options": {"include_usage": True}},
-     "stream_options is only allowed with stream: true"),
+     "`stream_options` is only allowed with stream: true"),
 ])
 def test_completion_unsupported(fields, message):
-    req = completion(**fields)
-    assert req.unsupported() == message
     with pytest.raises(InvalidRequestError, match=message):
-        check_supported(req)
+        check_supported(completion(**fields))
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"n": 2}, "only n=1 is supported"),
-    ({"best_of": 2}, "only best_of=1 is supported"),
-    ({"logprobs": True}, "logprobs are not supported"),
-    ({"top_logprobs": 3}, "logprobs are not supported"),
-    ({"presence_penalty": 1.0}, "presence_penalty and frequency_penalty are not supported"),
+    ({"top_logprobs": 3}, "`top_logprobs` requires logprobs: true"),
+    ({"audio": {"voice": "x"}}, "`audio` is not supported"),
+    ({"store": True}, "`store` is not supported"),
+    ({"modalities": ["text", "audio"]}, "`modalities` is not supported"),
     ({"stream": False, "stream_options": {"include_usage": True}},
-     "stream_options is only allowed with stream: true"),
+     "`stream_options` is only allowed with stream: true"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+     "`guided_regex` cannot be combined with `response_format`"),
 ])
 def test_chat_unsupported(fields, message):
-    assert chat(**fields).unsupported() == message
+    with pytest.raises(InvalidRequestError, match=message):
+        chat(**fields).sampling_params(16, EOS)  # some refusals come with the parameters
+        check_supported(chat(**fields))
+
+
+@pytest.mark.parametrize("field", ["frobnicate", "logit_bias_v2", "echo"])
+def test_unknown_chat_fields_are_refused_by_name(field):
+    with pytest.raises(ValidationError, match=field):
+        chat(**{field: 1})
 
 
 @pytest.mark.parametrize("fields", [
-    {}, {"n": 1}, {"best_of": 1}, {"best_of": None}, {"logprobs": None},
+    {}, {"n": 1}, {"best_of": 1}, {"best_of": None}, {"logprobs": None}, {"n": 3},
+    {"best_of": 4, "n": 2}, {"logprobs": 0}, {"echo": True, "logprobs": 2},
     {"presence_penalty": 0.0, "frequency_penalty": 0.0},
     {"presence_penalty": None, "frequency_penalty": None},
     {"stream": True, "stream_options": {"include_usage": True}},
     {"stream": False, "stream_options": None}, {"echo": False}, {"suffix": ""}])
-def test_supported_defaults_are_accepted(fields):
-    assert completion(**fields).unsupported() is None
+def test_supported_fields_are_accepted(fields):
+    check_supported(completion(**fields))
 
 
-def test_chat_logprobs_false_is_accepted():
-    assert chat(logprobs=False, top_logprobs=0).unsupported() is None
+def test_chat_defaults_of_refused_fields_are_accepted():
+    check_supported(chat(logprobs=False, top_logprobs=0, store=False, modalities=["text"],
+                         service_tier="auto", parallel_tool_calls=True))
 
 
-def test_completion_logprobs_zero_is_refused():
-    assert completion(logprobs=0).unsupported() == "logprobs are not supported"
+def test_logprobs_counts():
+    assert completion(logprobs=0).logprobs_counts() == (0, None)
+    assert completion(logprobs=3, echo=True).logprobs_counts() == (3, 3)
+    assert completion(best_of=3).logprobs_counts() == (0, None)  # candidates are ranked
+    assert chat(logprobs=True).logprobs_counts() == (0, None)
+    assert chat(logprobs=True, top_logprobs=5).logprobs_counts() == (5, None)
+    assert chat().logprobs_counts() == (None, None)
+
+
+def test_penalties_bias_and_guided_map_to_sampling_params():
+    params = chat(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.2,
+                  logit_bias={"7": 5.0, "3": -100}, min_tokens=4, max_tokens=8,
+                  response_format={"type": "json_schema", "json_schema": {
+                      "name": "x", "schema": {"type": "object"}}}).sampling_params(16, EOS, 100)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.min_tokens) == (0.5, -1.0, 1.2, 4)
+    assert params.logit_bias == ((3, -100.0), (7, 5.0))
+    assert (params.guided.kind, json.loads(params.guided.spec)) == ("json", {"type": "object"})
+    assert completion(guided_choice=["a", "b"]).sampling_params(16, EOS).guided.kind == "choice"
+    with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
+        chat(logit_bias={"100": 1.0}).sampling_params(16, EOS, 100)
 
 
 # -- sampling parameters ---------------------------------------------------------------------------

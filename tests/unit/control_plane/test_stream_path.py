@@ -11,7 +11,7 @@ import pytest
 from common.protocol import TokenUpdate
 from common.store import InProcessStore
 from control_plane.gateway import UpdateQueue
-from control_plane.openai_api import ResponseBuilder
+from control_plane.responses import ResponseBuilder
 from control_plane.request_table import Phase, RequestRecord, RequestTable
 
 
