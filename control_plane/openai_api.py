@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from common.errors import InvalidRequestError
 from common.sampling_params import MAX_LOGPROBS, GuidedSpec, SamplingParams
@@ -255,6 +255,14 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this result answers
 
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
@@ -310,6 +318,10 @@ class ChatCompletionRequest(_CommonRequest):
             else self.max_tokens
 
     def template_messages(self) -> list[dict]:
+        if any(m.tool_calls or m.tool_call_id for m in self.messages):
+            from control_plane.tools import render_messages  # a conversation with tool calls
+
+            return render_messages(self.messages)
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 

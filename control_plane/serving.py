@@ -105,7 +105,7 @@ class Api:
         prompt cannot stall every other stream."""
         tokenizer = self.gateway.tokenizer
         if chat:
-            messages = tools.messages(body) if tools else body.template_messages()
+            messages = body.template_messages()
             work = lambda: [tokenizer.encode_chat(messages, tools=tools.definitions
                                                   if tools else None)]
             size = sum(len(m.text()) for m in body.messages)
