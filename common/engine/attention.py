@@ -17,6 +17,19 @@ first num_cached + i + 1 tokens. Elsewhere:
 - each prefill chunk on its own, causally and aligned to the end of its context, with torch's
   SDPA.
 
+A layer that asks for a sliding window (shorter than some context of the forward) or for
+attention-logit soft-capping goes through `common.engine.attention_masked` instead, in torch; the
+kernels above compute neither. Which backend computes what:
+
+    backend                               causal  window  softcap
+    TorchAttention, torch ops             yes     yes     yes     (SDPA / masked path)
+    TorchAttention, C++ kernels (CPU)     yes     yes     yes     (those layers: masked path)
+    FlashAttention (CUDA, flash-attn)     yes     refused refused
+    TritonAttention (CUDA)                yes     refused refused
+
+The runner never gives a model that needs a feature a backend which refuses it
+(`common.engine.model_runner.attention_backend`); a refused call raises rather than ignoring it.
+
 `TorchAttention` runs on any device; `common.engine.attention_flash` replaces it on CUDA.
 """
 
@@ -27,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from common.engine.attention_masked import MaskedAttention, gather_blocks
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache
 from common.engine.ops import TorchOps
 
@@ -44,6 +58,18 @@ class Segment:
     @property
     def num_context(self) -> int:
         return self.num_cached + self.num_tokens
+
+
+class UnsupportedAttention(NotImplementedError):
+    """A backend was asked for a feature (window, softcap) it does not compute."""
+
+
+def refuse_features(backend: str, features: dict) -> None:
+    """Raise for any feature a kernel backend would otherwise silently ignore."""
+    asked = sorted(name for name, value in features.items() if value is not None)
+    if asked:
+        raise UnsupportedAttention(f"{backend} does not compute {', '.join(asked)}; the runner "
+                                   "picks TorchAttention for models that need it")
 
 
 def slot_mapping(segments: list[Segment], block_size: int) -> list[int]:
@@ -70,6 +96,9 @@ class TorchAttention:
                                   device=device)
         # Padding rows attend to nothing: their output is zero (and never read).
         self.padding = [s for s in segments if not s.store]
+        self.segments = segments
+        self.max_context = max((s.num_context for s in segments if s.store), default=0)
+        self.masked: MaskedAttention | None = None  # windows and soft-caps, built when asked
         self.varlen = ops.has_varlen_kernel(DTYPE_BY_NAME[layout.dtype], layout.head_dim)
         if self.varlen:
             self.seq_meta, self.block_ids = varlen_index(segments, block_size, device)
@@ -115,11 +144,18 @@ class TorchAttention:
         return seg, blocks, key_pos[None, :] <= query_pos[:, None]  # [n, context]
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 scale: float | None = None) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
+                 scale: float | None = None, window: int | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]. `window`
+        and `softcap`: see `common.engine.models.base.LayerAttention`."""
         k_cache, v_cache = self.kv_cache.layer(layer_idx)  # [num_blocks, block_size, KVH, D]
         num_stored = self.slots.shape[0]  # stored rows come first; padding rows last
         self.ops.store_kv(k_cache, v_cache, self.slots, k[:num_stored], v[:num_stored])
+        # A window no context of this forward exceeds is plain causal attention.
+        if softcap is not None or (window is not None and window < self.max_context):
+            if self.masked is None:
+                self.masked = MaskedAttention(self.segments, k_cache.shape[1], q.device)
+            return self.masked(q, k_cache, v_cache, scale, window, softcap)
         if self.varlen:
             return self._varlen(q, k_cache, v_cache, scale)
         if self.num_decode == q.shape[0]:  # decodes only: the kernel's output is the result
@@ -148,12 +184,6 @@ class TorchAttention:
                                      scale)
         return out
 
-    def _gather(self, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-        """Rows of whole blocks: [len(blocks) * block_size, KVH, D] (one memcpy per block)."""
-        num_blocks, block_size, num_kv_heads, head_dim = cache.shape
-        rows = cache.view(num_blocks, -1).index_select(0, blocks)
-        return rows.view(-1, num_kv_heads, head_dim)
-
     def _decode(self, q, k_cache, v_cache, scale):
         if self.ops.has_decode_kernel:
             return self.ops.paged_decode_attention(q, k_cache, v_cache, self.decode_table,
@@ -161,8 +191,8 @@ class TorchAttention:
         batch, num_heads, head_dim = q.shape
         num_kv_heads = k_cache.shape[2]
         # [B * max_blocks * block_size, KVH, D] -> [B, KVH, L, D]
-        keys = self._gather(k_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
-        values = self._gather(v_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
+        keys = gather_blocks(k_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
+        values = gather_blocks(v_cache, self.decode_blocks).view(batch, -1, num_kv_heads, head_dim)
         keys, values = keys.transpose(1, 2), values.transpose(1, 2)
         # Query heads of one KV group act as that group's query rows: [B, KVH, H / KVH, D]
         grouped = q.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -174,8 +204,8 @@ class TorchAttention:
         if blocks is None:
             keys, values, causal = k, v, True
         else:
-            keys = self._gather(k_cache, blocks)[:num_context]
-            values = self._gather(v_cache, blocks)[:num_context]
+            keys = gather_blocks(k_cache, blocks)[:num_context]
+            values = gather_blocks(v_cache, blocks)[:num_context]
             causal = False
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1).unsqueeze(0), keys.transpose(0, 1).unsqueeze(0),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from common.engine.attention import Segment, slot_mapping
+from common.engine.attention import Segment, refuse_features, slot_mapping
 from common.engine.kv_cache import KVCache
 
 
@@ -44,7 +44,10 @@ class FlashAttention:
         self.block_table = as_int32([s.block_ids[:max_blocks] + [0] * (max_blocks - len(
             s.block_ids[:max_blocks])) for s in stored])
 
-    def __call__(self, layer_idx, q, k, v, scale=None):
+    def __call__(self, layer_idx, q, k, v, scale=None, **features):
+        # flash-attn 2.6+ has window_size and softcap, but this path is not tested on a GPU
+        # with them: refused, and the runner picks TorchAttention for models that need them.
+        refuse_features("the flash-attn backend", features)
         from flash_attn import flash_attn_varlen_func
 
         k_cache, v_cache = self.kv_cache.layer(layer_idx)

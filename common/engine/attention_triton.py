@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.engine.attention import Segment
+from common.engine.attention import Segment, refuse_features
 from common.engine.kv_cache import KVCache, KVLayout
 
 try:
@@ -149,8 +149,10 @@ class TritonAttention:
         self.kv_cache, self.index = kv_cache, index
 
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 scale: float | None = None) -> torch.Tensor:
-        """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]."""
+                 scale: float | None = None, **features) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, KVH, D] for the new tokens. Returns [T, H, D]. Sliding
+        windows and soft-capping are refused (UnsupportedAttention)."""
+        refuse_features("the Triton attention kernel", features)
         k_cache, v_cache = self.kv_cache.layer(layer_idx)
         store_kv(k_cache, v_cache, self.index.slots, k, v)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -62,11 +62,18 @@ def kv_layout_for(model: CausalLM, config: EngineConfig, dtype: str) -> KVLayout
     return layout.with_num_blocks(max(num_blocks, 1))
 
 
-def attention_backend(device: torch.device, layout: KVLayout):
+def attention_backend(device: torch.device, layout: KVLayout,
+                      features: frozenset[str] = frozenset()):
     """On CUDA: flash-attn's paged varlen kernel when installed and blocks hold a multiple of
     256 tokens, else our Triton kernel when triton imports and takes the layout, else torch
-    attention. On CPU: torch attention (with the C++ kernels where the ops have them)."""
+    attention. On CPU: torch attention (with the C++ kernels where the ops have them).
+    `features` (a sliding window, soft-capping: `CausalLM.fit_context`) only torch attention
+    computes, so a model that needs one gets it on CUDA too."""
     if device.type != "cuda":
+        return TorchAttention
+    if features:
+        log.warning("the model's attention needs %s, which the CUDA kernels lack: torch "
+                    "attention on CUDA (no CUDA graphs)", ", ".join(sorted(features)))
         return TorchAttention
     from common.engine import attention_flash, attention_triton
 
@@ -108,7 +115,9 @@ class ModelRunner:
         layout = kv_layout_for(self.model, config, self.dtype_name)
         self.kv_cache = KVCache(layout, str(self.device), shared_memory=config.cache.shared_memory)
         self.sampler = Sampler(self.device, config.seed, kernels=self._sampling_kernels())
-        self.attention_cls = attention_backend(self.device, layout)
+        # Windows no sequence can outgrow are dropped first: they would only cost the fast path.
+        features = self.model.fit_context(self.max_model_len)
+        self.attention_cls = attention_backend(self.device, layout, features)
         # Decode steps on CUDA replay captured graphs (common.engine.cuda_graphs); None on CPU.
         self.graphs = None
         if self.device.type == "cuda":

@@ -74,6 +74,8 @@ class KernelOps(TorchOps):
         return x, residual
 
     def rotary(self, qk, positions, rope):
+        if rope.rotary_dim != qk.shape[-1]:  # partial rotary: the kernel rotates whole heads
+            return super().rotary(qk, positions, rope)
         self.k.rotary_neox(qk, positions, rope.cos, rope.sin)
         return qk
 

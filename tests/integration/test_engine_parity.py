@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import engine_greedy, hf_greedy
 
 from common.config import CacheConfig, EngineConfig, ModelConfig
-from common.engine.llm_engine import LLMEngine
 
 PROMPTS = [
     "The capital of France is",
@@ -15,34 +15,6 @@ PROMPTS = [
     "Les feux de la Saint-Jean",
     "1, 2, 3, 4,",
 ]
-
-
-def hf_greedy(hf_dir, prompt_ids: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-    outputs = []
-    for ids in prompt_ids:
-        tensor = torch.tensor([ids])
-        with torch.inference_mode():
-            out = model.generate(tensor, attention_mask=torch.ones_like(tensor),
-                                 max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=model.config.eos_token_id)
-        outputs.append(out[0, len(ids):].tolist())
-    return outputs
-
-
-def engine_greedy(path, prompt_ids, max_new_tokens, **batch):
-    config = EngineConfig(model=ModelConfig(path=str(path) if path else None, dtype="float32"),
-                          cache=CacheConfig(num_blocks=512))
-    engine = LLMEngine(config)
-    try:
-        params = engine.default_params(max_tokens=max_new_tokens, temperature=0.0)
-        return [r.token_ids for r in engine.generate(prompt_ids, [params] * len(prompt_ids))]
-    finally:
-        engine.close()
-
-
 
 
 def test_default_model_matches_transformers(default_model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common.engine.models import llama, opt  # noqa: F401  (registration)
+from common.engine.models import gemma, llama, opt  # noqa: F401  (registration)
 from common.engine.models.base import MODEL_REGISTRY, CausalLM, ModelShape
 from common.errors import ModelLoadError
 

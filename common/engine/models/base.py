@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -35,6 +35,30 @@ class ModelShape:
         """Forward FLOPs for one token: 2 per matmul weight plus attention over `context_tokens`."""
         attention = 4 * self.num_layers * self.num_heads * self.head_dim * context_tokens
         return 2.0 * num_params_matmul + attention
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one layer asks of the attention beyond causal softmax(q k^T / sqrt(head_dim)) v.
+
+    Attention modules keep theirs as `attention_spec` and pass it as keyword arguments on every
+    call (`kwargs`); `CausalLM.fit_context` and the runner read them to pick a backend that
+    computes them (see `common.engine.attention`).
+    """
+
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+    window: int | None = None  # a query at position p sees keys at p - window < position <= p
+    softcap: float | None = None  # scores become softcap * tanh(scores / softcap)
+
+    def kwargs(self) -> dict:
+        """The keywords of an attention call; the features only when set, so a backend that
+        lacks them is only ever asked for what it computes."""
+        extra = {"window": self.window, "softcap": self.softcap}
+        return {"scale": self.scale, **{k: v for k, v in extra.items() if v is not None}}
+
+    def features(self) -> set[str]:
+        return {name for name, value in (("window", self.window), ("softcap", self.softcap))
+                if value is not None}
 
 
 class LayerTaps:
@@ -96,6 +120,22 @@ class CausalLM(nn.Module, ABC):
         return sum(m.in_features * m.out_features for m in self.modules()
                    if hasattr(m, "in_features") and hasattr(m, "out_features")
                    and id(m) not in skip)
+
+    def attention_specs(self) -> list[nn.Module]:
+        """The modules that hold a `LayerAttention` (one per layer that attends)."""
+        return [m for m in self.modules() if isinstance(getattr(m, "attention_spec", None),
+                                                         LayerAttention)]
+
+    def fit_context(self, max_context: int) -> frozenset[str]:
+        """Drop the sliding windows no sequence of up to `max_context` tokens reaches past (they
+        change nothing), and return the attention features some layer still needs."""
+        needed: set[str] = set()
+        for module in self.attention_specs():
+            spec = module.attention_spec
+            if spec.window is not None and spec.window >= max_context:
+                module.attention_spec = spec = replace(spec, window=None)
+            needed |= spec.features()
+        return frozenset(needed)
 
     def pack_for_cpu(self, skinny=None) -> None:
         """Reorder every matmul weight (and the logits matrix) for oneDNN, and for the skinny

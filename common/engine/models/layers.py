@@ -1,12 +1,11 @@
-"""Building blocks shared by the model families: norms, rotary embedding, fused-weight loading.
+"""Building blocks shared by the model families: norms, activations, fused-weight loading, packed
+matmuls. Rotary embeddings live in `common.engine.models.rope`.
 
 Numerics follow transformers where it matters for exact float32 agreement: RMSNorm normalizes in
-float32 and casts back before the weight multiply; rotary tables are computed in float32.
+float32 and casts back before the weight multiply.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -32,73 +31,13 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
-    factor = scaling["factor"]
-    low_freq_factor = scaling.get("low_freq_factor", 1.0)
-    high_freq_factor = scaling.get("high_freq_factor", 4.0)
-    old_context = scaling["original_max_position_embeddings"]
-    low_freq_wavelen = old_context / low_freq_factor
-    high_freq_wavelen = old_context / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / scaling["factor"]
-    if kind == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    raise ModelLoadError(f"unsupported rope scaling type {kind!r} (supported: default, linear, "
-                         "llama3)")
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style rotary embedding with a precomputed cos/sin table indexed by position."""
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict | None = None) -> None:
-        super().__init__()
-        self.head_dim, self.max_positions = head_dim, max_positions
-        self.theta, self.scaling = theta, scaling
-        self.half = head_dim // 2
-        self.register_buffer("cos", torch.empty(max_positions, self.half, dtype=torch.float32),
-                             persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, self.half, dtype=torch.float32),
-                             persistent=False)
-        if self.cos.device.type != "meta":
-            self.reset_buffers()
-
-    def reset_buffers(self) -> None:
-        """(Re)compute the float32 tables; models are built on the meta device, then filled."""
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(self.cos.device)
-        positions = torch.arange(self.max_positions, device=self.cos.device).float()
-        freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim / 2]
-        self.cos.copy_(freqs.cos())
-        self.sin.copy_(freqs.sin())
-
-    def table(self, positions: torch.Tensor, dtype: torch.dtype
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin rows for `positions`, shaped [T, 1, head_dim / 2] to broadcast over heads."""
-        return (self.cos[positions].to(dtype).unsqueeze(1),
-                self.sin[positions].to(dtype).unsqueeze(1))
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # x: [T, num_heads, head_dim]; (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-        x1, x2 = x[..., :self.half], x[..., self.half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 def activation(name: str):
     table = {"silu": F.silu, "relu": F.relu, "gelu": F.gelu,
-             "gelu_new": lambda x: F.gelu(x, approximate="tanh")}
+             "gelu_new": tanh_gelu, "gelu_pytorch_tanh": tanh_gelu}
     if name not in table:
         raise ModelLoadError(f"unsupported activation {name!r}")
     return table[name]
