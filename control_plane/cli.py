@@ -199,6 +199,28 @@ def _add_bench(sub) -> None:
     p.set_defaults(handler=_cmd_bench)
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from simulator.cli import run_from_args
+
+    return run_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+
+
+def _add_simulate(sub) -> None:
+    from simulator.args import add_simulate_args  # argparse only: building the parser stays light
+
+    p = sub.add_parser("simulate", help="discrete-event simulation of a cluster (the real "
+                                        "policies, a profiled cost model); `up`'s flags")
+    add_gateway_args(p)
+    p.add_argument("--prefill", type=int, default=1, help="prefill instances")
+    p.add_argument("--decode", type=int, default=1, help="decode instances")
+    p.add_argument("--coupled", type=int, default=0, help="coupled instances (see --policy)")
+    add_store_args(p)
+    add_instance_args(p)
+    add_engine_args(p)
+    add_simulate_args(p)
+    p.set_defaults(handler=_cmd_simulate)
+
+
 _PREDICTOR_COMMANDS = {
     "build-dataset": ("ShareGPT prompts + output-length labels for training",
                       "add_build_dataset_args", "run_build_dataset"),
@@ -240,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench,
-             _add_predictor]
+             _add_simulate, _add_predictor]
 
 
 # `splitserve bench <experiment> ...` hands the rest of the command line to the experiment.
@@ -251,6 +273,7 @@ BENCH_EXPERIMENTS = {
     "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
     "interference": "bench.interference", "prefix-repeat": "bench.prefix_repeat",
     "overload": "bench.overload", "stack-ceiling": "bench.stack_ceiling",
+    "guided-overhead": "bench.guided_overhead",
 }
 
 

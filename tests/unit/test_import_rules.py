@@ -9,22 +9,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ["common", "control_plane", "prefill_instance", "decode_instance", "coupled_instance",
-            "kv_transfer", "length_predictor", "bench"]
+            "kv_transfer", "length_predictor", "bench", "simulator"]
 ROLE_PACKAGES = {"prefill_instance", "decode_instance", "coupled_instance"}
 # package -> project packages it must never import (module level or inside functions)
 FORBIDDEN = {
     "common": set(PACKAGES) - {"common"},
     # a role package imports no other role package and not the control plane
-    **{role: ROLE_PACKAGES - {role} | {"control_plane"} for role in ROLE_PACKAGES},
+    **{role: ROLE_PACKAGES - {role} | {"control_plane", "simulator"} for role in ROLE_PACKAGES},
     "kv_transfer": set(PACKAGES) - {"common", "kv_transfer"},
     "control_plane": ROLE_PACKAGES,
     # bench starts clusters as `splitserve` subprocesses; what it shares with `up` (process and
     # port helpers) is in common. With the rule below, the two never import each other.
-    "bench": {"control_plane"},
+    "bench": {"control_plane", "simulator"},
+    "length_predictor": {"simulator"},
+    # The simulator drives the serving code's policy objects (prefill_instance, decode_instance,
+    # control_plane's routing and flips, common's schedulers) and reads bench's workloads; never
+    # the real KV backends, a trained predictor, or the coupled role (its module loads torch:
+    # the simulator builds the same co-located schedulers through common.schedulers).
+    "simulator": {"coupled_instance", "kv_transfer", "length_predictor"},
 }
-# Only the CLI may import heavy packages, and the experiments behind `splitserve bench`, and only
-# inside its command handlers: no other control_plane module ever imports them.
-LAZY_ONLY = {"control_plane": {"torch", "common.engine", "bench"}}
+# Only the CLI may import heavy packages, the experiments behind `splitserve bench` and the
+# simulator, and only inside its command handlers: no other control_plane module imports them.
+LAZY_ONLY = {"control_plane": {"torch", "common.engine", "bench", "simulator"}}
 
 
 def imported_modules(path: Path) -> list[tuple[str, bool]]:
@@ -91,6 +97,15 @@ def test_control_plane_and_light_common_modules_do_not_load_torch():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False", "a light module imported torch"
+
+
+def test_the_simulator_loads_no_torch():
+    """A simulation runs the policies in pure Python: none of its modules brings torch in."""
+    modules = [module_name(p) for p in python_files("simulator")]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print('torch' in sys.modules)")
+    assert fresh_interpreter(code) == ["False"], "a simulator module imported torch"
 
 
 # Roles see KV transfer only through its contract in common (common.transfer): backends are found

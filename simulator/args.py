@@ -1,0 +1,75 @@
+"""The flags `splitserve simulate` adds to those of `splitserve up` (light: argparse only, read
+whenever the CLI builds its parser).
+
+The cluster itself (instance counts, every policy, ChunkSize, KV blocks, transfer emulation,
+the gateway's routing and flips) takes `splitserve up`'s own flags, so one command line
+describes the same cluster to both.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+WORKLOADS = ("synthetic", "sharegpt", "LPLD", "LPHD", "HPLD", "HPHD", "Mixed")
+LINKS = ("roce-200g", "nvlink-300g", "ideal")  # simulator.costs.LINK_PRESETS
+
+
+def add_simulate_args(parser: argparse.ArgumentParser) -> None:
+    _cost_args(parser)
+    _simulation_args(parser)
+    _workload_args(parser)
+
+
+def _cost_args(parser: argparse.ArgumentParser) -> None:
+    costs = parser.add_argument_group("cost model (default: this machine's `splitserve profile` "
+                                      "record in --cache-dir)")
+    source = costs.add_mutually_exclusive_group()
+    source.add_argument("--costs", metavar="FILE", help="a simulator cost model (JSON)")
+    source.add_argument("--profile", metavar="FILE",
+                        help="fit a `splitserve profile` record or report")
+    source.add_argument("--hardware", metavar="NAME",
+                        help="a cost model from published figures: h100-llama2-7b")
+    costs.add_argument("--kv-bytes-per-token", type=int, default=None,
+                       help="KV bytes per token of the profiled model, when fitting a model "
+                            "the simulator does not know")
+    costs.add_argument("--save-costs", metavar="FILE", help="write the cost model used")
+
+
+def _simulation_args(parser: argparse.ArgumentParser) -> None:
+    sim = parser.add_argument_group("simulation")
+    sim.add_argument("--link", choices=LINKS, default=None,
+                     help="KV link (default: --emulate-bandwidth if given, else the cost "
+                          "model's)")
+    sim.add_argument("--message-latency", type=float, default=0.0, metavar="SECONDS",
+                     help="delay of control messages (requests, offers, acknowledgements)")
+    sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
+                     help="time a drained instance takes to switch roles")
+    sim.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
+    sim.add_argument("--slo-tbt", type=float, default=0.1, metavar="SECONDS",
+                     help="goodput: p99 time between tokens")
+    sim.add_argument("--cprofile", action="store_true",
+                     help="also print where the simulator's own time goes (cProfile)")
+    sim.add_argument("--out", default="results/simulate.json", help="JSON report path")
+
+
+def _workload_args(parser: argparse.ArgumentParser) -> None:
+    work = parser.add_argument_group("workload (as `splitserve bench`)")
+    work.add_argument("--workload", choices=WORKLOADS, default="synthetic",
+                      help="synthetic lengths (no dataset), the ShareGPT replay of `splitserve "
+                           "bench`, or a TetriInfer class (default: %(default)s)")
+    work.add_argument("--num-requests", type=int, default=200)
+    work.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                      help="seconds of traffic: --rate x this many requests (synthetic)")
+    work.add_argument("--rate", type=float, default=2.0, help="requests per second")
+    work.add_argument("--arrival", choices=("poisson", "gamma"), default="poisson")
+    work.add_argument("--cv", type=float, default=1.0, help="gamma arrivals' variation")
+    work.add_argument("--workload-max-tokens", type=int, default=128,
+                      help="sharegpt: output cap per request")
+    work.add_argument("--workload-max-prompt-tokens", type=int, default=1024,
+                      help="sharegpt: longest prompt")
+    work.add_argument("--tokenizer", default=None,
+                      help="model whose tokenizer counts tokens (default: --model)")
+    work.add_argument("--prompt-median", type=float, default=256.0,
+                      help="synthetic: median prompt tokens")
+    work.add_argument("--output-median", type=float, default=128.0,
+                      help="synthetic: median output tokens")

@@ -1,0 +1,259 @@
+"""The simulated cluster: the gateway's routing, the monitor's views and flips, KV links, traces.
+
+- Gateway (control_plane/gateway.py `_send_attempt`): each arrival is routed by the REAL
+  `Router` (route policy, conditional disaggregation) over a REAL `InstanceRegistry`, and
+  `note_sent` counts it until the target's next report. A request an instance refuses (it
+  flipped meanwhile) is routed again without that instance, at most `max_recoveries` times.
+- Monitor (control_plane/monitor.py, one tick per `broadcast_interval_s`): every instance
+  reports (`InstanceStats`, as the worker builds them), the ready decode instances go to the
+  prefill instances as a `ClusterView` (PeerInfo by the real `decode_peer`), and the REAL
+  `TransitionWatcher` decides flips from a `PoolSnapshot` stamped with simulated time. The
+  registry's readiness is not aged by the wall clock (`managed_by_store`): no instance dies here.
+- KV links: one per receiving instance, first come first served: a transfer holds the link for
+  bytes / bandwidth and lands `latency_s` later.
+- Traces: per request, as the gateway streams it: arrival, each token's time, the end.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+
+from common.block_pool import KVCacheManager
+from common.config import ConfigError, GatewayConfig, InstanceConfig
+from common.protocol import ClusterView, KVTransferOffer
+from common.sampling_params import SamplingParams
+from control_plane.cluster import InstanceRegistry
+from control_plane.transition import FlipDecision, PoolSnapshot
+from simulator import policies
+from simulator.costs import CostModel, Link, link_named
+from simulator.engine import EventLoop
+from simulator.instances import SimInstance
+from simulator.workload import EOS_TOKEN, SimRequest
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A cluster: how many instances of each role, and the configs `splitserve up` would hand
+    them (one InstanceConfig shared by all, the role set per instance) and its gateway."""
+
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_coupled: int = 0
+    instance: InstanceConfig = field(default_factory=InstanceConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    # KV link preset (simulator.costs.LINK_PRESETS); None: the instance config's transfer
+    # emulation when it sets a bandwidth (what an emulated real run paces to), else the cost
+    # model's default link
+    link: str | None = None
+    message_latency_s: float = 0.0  # control messages (requests, offers, acks, views)
+    flip_switch_s: float = 0.01  # a drained instance's role switch (no model reload)
+    drain_limit_s: float = 3600.0  # after the last arrival, stop and count the rest unfinished
+
+    def __post_init__(self) -> None:
+        if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
+            raise ConfigError("instance counts must be >= 0")
+        if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
+            raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
+        if self.instance.transfer.granularity != "request":
+            raise ConfigError("the simulator hands KV over per request (chunk-level: not yet)")
+
+
+@dataclass(slots=True)
+class Trace:
+    """What the gateway saw of one request (times in simulated seconds)."""
+
+    request: SimRequest
+    token_times: array = field(default_factory=lambda: array("d"))
+    finish: float | None = None
+    error: str | None = None
+    recoveries: int = 0
+
+
+class SimCluster:
+    def __init__(self, layout: Layout, costs: CostModel, requests: list[SimRequest],
+                 seed: int = 0) -> None:
+        self.layout, self.costs, self.seed = layout, costs, seed
+        self.loop = EventLoop()
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.output_lengths = {r.request_id: r.output_tokens for r in self.requests}
+        self.traces: dict[str, Trace] = {}
+        self.outstanding = len(self.requests)
+        self.link, self.kv_bytes_per_token = self._link()
+        self.max_model_len = layout.instance.engine.model.max_model_len or costs.max_model_len
+        self.registry = InstanceRegistry(layout.gateway.instance_timeout_s)
+        self.registry.managed_by_store = True  # readiness by report, never by the wall clock
+        self.router = policies.router(self.registry, layout.gateway, costs)
+        self.watcher = policies.watcher(layout.gateway)
+        self.recent_ttfts: deque[float] = deque(maxlen=50)  # ClusterMonitor.recent_ttfts
+        self.flips: list[dict] = []
+        self.transfer = {"count": 0, "tokens": 0, "link_seconds": 0.0}
+        self._sampling: dict[int, SamplingParams] = {}
+        self.instances = self._instances()
+
+    def _link(self) -> tuple[Link, int]:
+        emulation = self.layout.instance.transfer.emulation
+        if self.layout.link is None and emulation.bandwidth is not None:
+            return (Link(emulation.bandwidth, emulation.latency_s),
+                    emulation.bytes_per_token or self.costs.kv_bytes_per_token)
+        return link_named(self.layout.link or self.costs.default_link), \
+            self.costs.kv_bytes_per_token
+
+    def num_blocks(self) -> int:
+        """Per instance: configured, else the hardware's capacity, else CacheConfig.memory_gib
+        over the KV bytes of a block (as the engine sizes its pool)."""
+        cache = self.layout.instance.engine.cache
+        if cache.num_blocks:
+            return cache.num_blocks
+        if self.costs.kv_capacity_tokens:
+            return self.costs.kv_capacity_tokens // cache.block_size
+        return int(cache.memory_gib * 2**30 // (self.costs.kv_bytes_per_token * cache.block_size))
+
+    def _instances(self) -> dict[str, SimInstance]:
+        layout, cache = self.layout, self.layout.instance.engine.cache
+        num_blocks, instances = self.num_blocks(), {}
+        roles = ["prefill"] * layout.num_prefill + ["decode"] * layout.num_decode \
+            + ["coupled"] * layout.num_coupled
+        counts: dict[str, int] = {}
+        for index, role in enumerate(roles):
+            instance_id = f"{role}-{counts.setdefault(role, 0)}"
+            counts[role] += 1
+            kv = KVCacheManager(num_blocks, cache.block_size, cache.prefix_caching)
+            instances[instance_id] = SimInstance(self, instance_id, role, layout.instance, kv,
+                                                 seed=self.seed * 100_003 + index)
+        return instances
+
+    def sampling(self, request: SimRequest) -> SamplingParams:
+        """Greedy, EOS-terminated, capped at max_tokens; shared between equal caps."""
+        params = self._sampling.get(request.max_tokens)
+        if params is None:
+            params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0,
+                                    eos_token_ids=(EOS_TOKEN,))
+            self._sampling[request.max_tokens] = params
+        return params
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.loop.at(0.0, self._tick)
+        if self.requests:
+            self.loop.at(self.requests[0].arrival_s, self._arrive, 0)
+            horizon = self.requests[-1].arrival_s + self.layout.drain_limit_s
+        else:
+            horizon = 0.0
+        self.loop.run(until=horizon)
+        for trace in self.traces.values():
+            if trace.finish is None:
+                trace.error, trace.finish = "unfinished when the simulation ended", self.loop.now
+        self.outstanding = 0
+
+    def _arrive(self, index: int) -> None:
+        request = self.requests[index]
+        if index + 1 < len(self.requests):  # one arrival event in the heap at a time
+            self.loop.at(self.requests[index + 1].arrival_s, self._arrive, index + 1)
+        self.traces[request.request_id] = Trace(request)
+        self._route(request, request.prompt_ids(index), frozenset())
+
+    def _route(self, request: SimRequest, prompt_ids: list[int], exclude: frozenset) -> None:
+        """Gateway._send_attempt."""
+        route = self.router.choose(prompt_ids, set(exclude))
+        if route is None:
+            self.fail(request.request_id, "no instance can take the request")
+            return
+        self.registry.note_sent(route.target, len(prompt_ids))
+        self.send(route.target.stats.instance_id, "generate",
+                  (request, prompt_ids, route.local_prefill))
+
+    def refused(self, inst: SimInstance, payload: tuple) -> None:
+        """An instance could not take a request (it flipped): route it again elsewhere."""
+        request, prompt_ids, _ = payload
+        trace = self.traces[request.request_id]
+        trace.recoveries += 1
+        if trace.recoveries > self.layout.gateway.max_recoveries:
+            self.fail(request.request_id, f"refused by {inst.instance_id}")
+            return
+        self._route(request, prompt_ids, frozenset({inst.instance_id}))
+
+    def send(self, instance_id: str, kind: str, payload) -> None:
+        target = self.instances[instance_id]
+        if self.layout.message_latency_s > 0:
+            self.loop.after(self.layout.message_latency_s, target.deliver, kind, payload)
+        else:
+            target.deliver(kind, payload)
+
+    def start_transfer(self, inst: SimInstance, offer: KVTransferOffer, num_tokens: int) -> None:
+        """The decode instance reads `num_tokens` of KV over its link (first come first
+        served); the sequence is received when the last byte has landed."""
+        now = self.loop.now
+        start = max(now, inst.link_free_at)
+        inst.link_free_at = start + num_tokens * self.kv_bytes_per_token \
+            * self.link.occupancy_per_byte
+        done = inst.link_free_at + self.link.latency_s
+        self.transfer["count"] += 1
+        self.transfer["tokens"] += num_tokens
+        self.transfer["link_seconds"] += done - start
+        self.loop.at(done, inst.deliver, "received", offer)
+
+    # -- what the gateway streams ----------------------------------------------------------------
+    def on_token(self, request_id: str, finish_reason: str | None) -> None:
+        trace = self.traces[request_id]
+        now = self.loop.now
+        if not trace.token_times:
+            self.recent_ttfts.append(now - trace.request.arrival_s)
+        trace.token_times.append(now)
+        if finish_reason is not None:
+            trace.finish = now
+            self.outstanding -= 1
+
+    def fail(self, request_id: str, error: str) -> None:
+        trace = self.traces[request_id]
+        trace.error, trace.finish = error, self.loop.now
+        self.outstanding -= 1
+
+    # -- the monitor -------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        """ClusterMonitor: reports in, the view out to prefill instances, the watcher."""
+        for inst in self.instances.values():
+            self.registry.report(inst.stats())
+        view = ClusterView(self.registry.decode_peers(), self.loop.now)
+        for inst in self.instances.values():
+            if inst.role.name == "prefill":
+                inst.deliver("view", view)
+        self._watch()
+        if self.outstanding > 0:  # afterwards the last acknowledgements drain without views
+            self.loop.after(self.layout.gateway.broadcast_interval_s, self._tick)
+
+    def _watch(self) -> None:
+        """ClusterMonitor._watch, with the snapshot stamped in simulated time."""
+        states = list(self.registry.instances.values())
+        in_flight = any(s.draining for s in states)
+        routable = [s.stats for s in states if not s.draining]
+        ttft = sum(self.recent_ttfts) / len(self.recent_ttfts) if self.recent_ttfts else None
+        decision = self.watcher.step(PoolSnapshot(self.loop.now, routable, ttft), in_flight)
+        if decision is not None:
+            self._flip(decision)
+
+    def _flip(self, decision: FlipDecision) -> None:
+        """ClusterMonitor.flip's checks, then the instance drains (FlipCommand)."""
+        state = self.registry.get(decision.instance_id)
+        if state is None or state.draining or state.stats.role == decision.target_role \
+                or decision.target_role not in ("prefill", "decode") \
+                or len(self.registry.routable(state.stats.role)) <= 1:
+            return
+        self.registry.mark_flipping(decision.instance_id, decision.target_role)
+        self.flips.append({"instance_id": decision.instance_id, "from": state.stats.role,
+                           "to": decision.target_role, "reason": decision.reason,
+                           "start_s": self.loop.now, "end_s": None})
+        self.instances[decision.instance_id].begin_flip(decision.target_role)
+
+    def flip_done(self, inst: SimInstance) -> None:
+        for flip in reversed(self.flips):
+            if flip["instance_id"] == inst.instance_id and flip["end_s"] is None:
+                flip["end_s"] = self.loop.now
+                break
+        self.registry.report(inst.stats())  # the worker reports its new role at once
+
+    @property
+    def duration_s(self) -> float:
+        return self.loop.now if not math.isinf(self.loop.now) else 0.0

@@ -1,0 +1,44 @@
+"""`splitserve simulate`: `up`'s flags describe the cluster, the report is written as JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from control_plane.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+RECORD = ROOT / "docs/benchmarks/profile-cpu-zen4-s5/profile.json"
+
+
+def simulate(tmp_path, *flags) -> dict:
+    out = tmp_path / "report.json"
+    assert main(["simulate", "--num-requests", "20", "--rate", "5", "--out", str(out),
+                 *flags]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_disaggregated_run_from_published_figures_and_its_saved_cost_model(tmp_path, capsys):
+    report = simulate(tmp_path, "--hardware", "h100-llama2-7b", "--prefill", "2", "--decode",
+                      "2", "--local-prefill", "off", "--save-costs", str(tmp_path / "c.json"))
+    assert report["num_ok"] == 20 and report["simulation"]["transfers"]["count"] == 20
+    assert report["simulation"]["cost_model"].startswith("PUBLISHED FIGURES")
+    assert "TTFT" in capsys.readouterr().out
+    again = simulate(tmp_path, "--costs", str(tmp_path / "c.json"), "--prefill", "2",
+                     "--decode", "2", "--local-prefill", "off")
+    assert again["ttft_s"] == report["ttft_s"] and again["jct_s"] == report["jct_s"]
+
+
+def test_a_co_located_run_on_a_fitted_cpu_profile(tmp_path):
+    report = simulate(tmp_path, "--profile", str(RECORD), "--prefill", "0", "--decode", "0",
+                      "--coupled", "2", "--policy", "vllm", "--workload", "synthetic",
+                      "--prompt-median", "64", "--output-median", "16")
+    assert report["num_ok"] == 20 and report["simulation"]["instances"]["final_roles"] == \
+        {"coupled": 2}
+    assert report["simulation"]["kv_check"] == {"leaked_blocks": 0, "errors": []}
+
+
+def test_without_a_cost_model_it_says_how_to_get_one(tmp_path, capsys):
+    assert main(["simulate", "--cache-dir", str(tmp_path), "--out",
+                 str(tmp_path / "r.json")]) == 2
+    assert "run `splitserve profile`" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""Whole runs: every request finishes with its output, no KV block is left held, runs repeat
+exactly for a seed, and disaggregated, co-located and flipping clusters all complete."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cluster import SimCluster
+from simulator.run import simulate
+from simulator.workload import SyntheticShape, synthetic
+
+from unit.simulator.sim_fixtures import COSTS, coupled, instance_config, layout, without_wall_time
+
+SHAPE = SyntheticShape(prompt_median=80, output_median=60, max_prompt_tokens=400,
+                       max_output_tokens=200)
+
+
+def requests(num=150, rate=20.0, seed=3):
+    return synthetic(num, rate, seed, SHAPE)
+
+
+def assert_conserved(cluster: SimCluster) -> None:
+    for trace in cluster.traces.values():
+        assert trace.error is None, trace.error
+        assert len(trace.token_times) == trace.request.output_tokens
+        assert list(trace.token_times) == sorted(trace.token_times)
+    for inst in cluster.instances.values():
+        assert not inst.role.live_seq_ids() and not inst.inbox and not inst.busy
+        inst.kv.check_integrity(set())
+        assert inst.kv.num_free_blocks == inst.kv.num_blocks
+
+
+def run(lay, workload, seed=0) -> SimCluster:
+    cluster = SimCluster(lay, COSTS, workload, seed)
+    cluster.run()
+    return cluster
+
+
+def test_under_memory_pressure_every_request_finishes_and_every_block_comes_back():
+    # 64 blocks of 16 tokens per instance: decodes are preempted and recomputed, prompts wait
+    # for the prefill instance's leases to be released
+    cluster = run(layout(1, 2, instance=instance_config(num_blocks=64)), requests())
+    assert_conserved(cluster)
+    assert sum(i.role.scheduler.num_preemptions for i in cluster.instances.values()
+               if i.role.name == "decode") > 0
+    assert cluster.transfer["count"] >= 150  # a recomputed sequence is not read again
+
+
+@pytest.mark.parametrize("policy", ["sarathi", "vllm", "orca", "chunked-only", "fastserve"])
+def test_co_located_clusters_complete_and_conserve(policy):
+    cluster = run(coupled(policy, num_blocks=64), requests(num=80))
+    assert_conserved(cluster)
+    assert cluster.transfer["count"] == 0
+
+
+def test_a_seed_gives_the_same_report_and_another_seed_another():
+    lay, workload = layout(1, 3), requests(num=120, rate=40.0)
+    first = without_wall_time(simulate(lay, COSTS, workload, seed=7))
+    assert without_wall_time(simulate(lay, COSTS, workload, seed=7)) == first
+    other = without_wall_time(simulate(lay, COSTS, workload, seed=8))
+    assert other["tbt_s"] != first["tbt_s"]  # power-of-two drew other pairs of decodes
+
+
+def test_a_flipping_cluster_moves_an_instance_and_still_conserves():
+    # three prefill instances and one decode instance under decode-heavy traffic: the
+    # load-ratio policy moves prefill instances to the decode pool
+    lay = layout(3, 1, flip_policy="load-ratio",
+                 flip_options=(("cooldown_s", 1.0), ("sustain_ticks", 2.0), ("ratio", 2.0)))
+    cluster = run(lay, synthetic(200, 15.0, 4, SyntheticShape(64, 0.5, 400, 0.5, 256, 400)))
+    assert_conserved(cluster)
+    assert cluster.flips and all(f["end_s"] is not None for f in cluster.flips)
+    assert {(f["from"], f["to"]) for f in cluster.flips} == {("prefill", "decode")}
+    roles = [i.role.name for i in cluster.instances.values()]
+    assert roles.count("decode") == 1 + len(cluster.flips)

@@ -1,0 +1,103 @@
+"""The cost model: the forward-time formula, the fit to a profile record, files, hardware."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError
+from common.plan import BatchPlan, ScheduledChunk
+from common.sampling_params import SamplingParams
+from simulator import costs as cost_files
+from simulator.costs import DECODE_BATCHES, PREFILL_SIZES, Link
+from simulator.fit import fit_profile
+from simulator.hardware import hardware_costs
+
+from unit.simulator.sim_fixtures import COSTS
+
+ROOT = Path(__file__).resolve().parents[3]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0)
+
+
+def chunk(n: int, cached: int, samples: bool) -> ScheduledChunk:
+    return ScheduledChunk(f"s{n}-{cached}", [5] * n, cached, [], GREEDY if samples else None)
+
+
+def test_a_forward_costs_its_tokens_rows_context_and_pairs():
+    plan = BatchPlan([chunk(64, 0, False), chunk(36, 64, True), chunk(1, 200, True)],
+                     num_padding_tokens=3)
+    tokens = 64 + 36 + 1 + 3
+    expected = (0.010 + 0.0001 * (tokens - 1) + 2 * 0.001 + 1e-6 * (64 + 200)
+                + 1e-8 * (64 * 36 + 200 * 1))
+    assert COSTS.forward_s(plan) == pytest.approx(expected)
+    swaps = BatchPlan([chunk(1, 10, True)], swap_out=[(1, 2), (3, 4)], swap_in=[(5, 6)])
+    with_swap = replace(COSTS, swap_bytes_per_s=16_000.0)
+    # three blocks of 16 tokens x 1000 bytes at 16 kB/s: 3 s on top of the forward
+    assert with_swap.forward_s(swaps, block_size=16) == pytest.approx(COSTS.forward_s(swaps) + 3)
+
+
+def test_the_helpers_agree_with_the_formula():
+    assert COSTS.prefill_s(100) == pytest.approx(COSTS.forward_s(BatchPlan([chunk(100, 0, True)])))
+    decode = BatchPlan([chunk(1, 300, True) for _ in range(8)])
+    assert COSTS.decode_step_s(8, 300) == pytest.approx(COSTS.forward_s(decode))
+    curves = COSTS.iteration_costs()
+    assert curves.forward_s(512) == pytest.approx(COSTS.prefill_s(512))
+    assert curves.decode_step_s(32) == pytest.approx(COSTS.decode_step_s(32, 256))
+    assert Link(1e6, 0.002).transfer_s(5000) == pytest.approx(0.007)
+    assert COSTS.transfer_s(Link(1e6, 0.002), 5) == pytest.approx(0.007)
+
+
+def roofline_record(a=0.01, b=1e-4, pair=1e-8, row=1e-3, ctx=2e-6, context=256) -> dict:
+    """A profile record made from known coefficients (weights-bound below 100 tokens)."""
+    def fresh(n):
+        return max(a, b * n) + pair * n * (n + 1) / 2
+
+    return {"model": "made-up", "dtype": "float32", "threads": 1, "decode_context": context,
+            "recommended_chunk_size": 128,
+            "prefill": [{"tokens": n, "seconds": fresh(n) + row} for n in PREFILL_SIZES],
+            "decode": [{"batch": b_, "step_seconds": fresh(b_) + b_ * row
+                        + b_ * context * (ctx + pair)} for b_ in DECODE_BATCHES]}
+
+
+def test_the_fit_recovers_known_coefficients():
+    model = fit_profile(roofline_record(), kv_bytes=1000)
+    assert model.per_context_pair_s == pytest.approx(1e-8, rel=1e-3)
+    assert model.per_sampled_row_s == pytest.approx(1e-3, rel=0.05)
+    assert model.per_context_token_s == pytest.approx(2e-6, rel=0.05)
+    assert model.fit["max_abs_relative_error"]["prefill"] < 0.01
+    assert model.fit["max_abs_relative_error"]["decode"] < 0.02
+    assert model.chunk_size == 128 and model.kv_bytes_per_token == 1000
+
+
+def test_the_fit_of_a_real_cpu_profile_is_close_and_states_its_limits():
+    record = json.loads((ROOT / "docs/benchmarks/profile-cpu-zen4-s5/profile.json").read_text())
+    model = fit_profile(record, source="zen4")
+    ys = [y for _, y in model.base]
+    assert ys == sorted(ys) and min(model.per_sampled_row_s, model.per_context_token_s) >= 0
+    assert model.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2  # SmolLM2-135M in bfloat16
+    assert max(model.fit["max_abs_relative_error"].values()) < 0.25
+    assert any("one context length" in note for note in model.notes)
+    with pytest.raises(ConfigError, match="KV bytes per token"):
+        fit_profile({**record, "model": "unknown"})
+
+
+def test_a_cost_model_file_round_trips_and_a_profile_record_is_not_one(tmp_path):
+    model = fit_profile(roofline_record(), kv_bytes=1000)
+    assert cost_files.load(model.save(tmp_path / "m.json")) == model
+    (tmp_path / "record.json").write_text(json.dumps(roofline_record()))
+    with pytest.raises(ConfigError, match="not a simulator cost model"):
+        cost_files.load(tmp_path / "record.json")
+
+
+def test_the_gpu_model_is_labelled_as_published_figures():
+    model = hardware_costs("h100-llama2-7b")
+    assert model.source.startswith("PUBLISHED FIGURES")
+    assert model.kv_bytes_per_token == 524_288
+    # a decode step at batch 1 streams the 13.48 GB of weights at 80% of 3.35 TB/s, plus 1 ms
+    assert model.decode_step_s(1, 0) == pytest.approx(1e-3 + 13.48e9 / 2.68e12 + 5e-6, rel=1e-3)
+    assert 100_000 < model.kv_capacity_tokens < 110_000
+    with pytest.raises(ConfigError, match="unknown hardware"):
+        hardware_costs("tpu")

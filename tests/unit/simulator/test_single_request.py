@@ -1,0 +1,70 @@
+"""One request alone: its TTFT and JCT are the cost model's terms, added up by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulator.cluster import SimCluster
+from simulator.run import Slo, simulate
+from simulator.workload import SimRequest
+
+from unit.simulator.sim_fixtures import BANDWIDTH, COSTS, LATENCY, coupled, layout
+
+ARRIVAL = 0.05  # after the monitor's first view (t = 0) has told the prefill of the decode
+
+
+def base(tokens: int) -> float:
+    return 0.010 + 0.0001 * (tokens - 1)
+
+
+def decode_steps(prompt: int, output: int) -> float:
+    """Output tokens 2..n, one per decode step of a batch of one, each attending to the prompt
+    and the tokens before it (row 1 ms, 1 us per cached token, 10 ns per pair)."""
+    return sum(base(1) + 0.001 + (prompt + k) * (1e-6 + 1e-8) for k in range(output - 1))
+
+
+def one(prompt: int, output: int) -> list[SimRequest]:
+    return [SimRequest("r0", ARRIVAL, prompt, output, output)]
+
+
+def trace_of(lay, requests):
+    cluster = SimCluster(lay, COSTS, requests)
+    cluster.run()
+    return cluster.traces["r0"]
+
+
+def test_disaggregated_ttft_is_the_prefill_chunks_and_jct_adds_the_transfer_and_decodes():
+    trace = trace_of(layout(), one(100, 5))
+    # ChunkSize 64: a chunk of 64 fresh tokens, then 36 attending to those 64, sampling
+    prefill = base(64) + base(36) + 0.001 + 64 * 1e-6 + 64 * 36 * 1e-8
+    assert trace.token_times[0] - ARRIVAL == pytest.approx(prefill)
+    transfer = LATENCY + 100 * 1000 / BANDWIDTH  # the prompt's KV over the link
+    assert trace.finish - ARRIVAL == pytest.approx(prefill + transfer + decode_steps(100, 5))
+    assert len(trace.token_times) == 5 and trace.error is None
+
+
+def test_co_located_jct_is_the_prefill_and_the_decodes_without_a_transfer():
+    trace = trace_of(coupled("sarathi"), one(100, 5))
+    prefill = base(100) + 0.001  # within the token budget: one forward
+    assert trace.token_times[0] - ARRIVAL == pytest.approx(prefill)
+    assert trace.finish - ARRIVAL == pytest.approx(prefill + decode_steps(100, 5))
+
+
+def test_a_request_that_ends_with_its_first_token_never_reaches_a_decode_instance():
+    report = simulate(layout(), COSTS, one(10, 1))
+    assert report["num_ok"] == 1 and report["total_output_tokens"] == 1
+    assert report["ttft_s"]["mean"] == pytest.approx(base(10) + 0.001)
+    assert report["simulation"]["transfers"]["count"] == 0
+
+
+def test_the_report_carries_the_bench_metrics_of_that_request():
+    report = simulate(layout(), COSTS, one(100, 5))
+    ttft = report["ttft_s"]["mean"]
+    jct = report["jct_s"]["mean"]
+    assert report["tpot_s"]["mean"] == pytest.approx((jct - ttft) / 4)
+    assert report["duration_s"] == pytest.approx(jct)
+    assert report["throughput"]["output_tokens_per_s"] == pytest.approx(5 / jct)
+    # the first gap holds the 102 ms transfer: over a 100 ms TBT SLO, within 200 ms
+    assert report["goodput"]["num_met"] == 0
+    relaxed = simulate(layout(), COSTS, one(100, 5), slo=Slo(tbt_s=0.2))
+    assert relaxed["goodput"]["num_met"] == 1 and relaxed["goodput"]["fraction"] == 1.0
