@@ -22,9 +22,10 @@ class ScheduledChunk:
     # Sample a token after the last one (end of prompt or decode). None = compute KV only.
     sampling: SamplingParams | None = None
     num_output_tokens: int = 0  # tokens generated so far: the index of the one sampled now
-    # For logits processing that reads earlier tokens (penalties): the sequence's token ids so
-    # far, prompt first (shared with the sequence, not copied), and how many are prompt. None
-    # when the sampling parameters need none.
+    # For logits processing that reads earlier tokens (penalties), and for prompt
+    # log-probabilities (the token after the chunk's last): the sequence's token ids so far,
+    # prompt first (shared with the sequence, not copied), and how many are prompt. None when
+    # neither needs them.
     history: list[int] | None = None
     num_prompt_tokens: int = 0
     # The sequence's grammar matcher (common.engine.guided) when its output is constrained.

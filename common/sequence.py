@@ -52,6 +52,9 @@ class SequenceMeta:
     first_prediction: LengthPrediction | None = None  # as it arrived, to score the predictor
     # decode instance id -> prompt tokens the gateway saw cached there (cache-aware dispatch)
     decode_cached: dict[str, int] = field(default_factory=dict)
+    # TokenLogprobs of prompt tokens 1.. gathered chunk by chunk (SamplingParams.prompt_logprobs)
+    # until the first token carries them out
+    prompt_logprobs: list = field(default_factory=list)
 
     def is_past_deadline(self, wall_now: float) -> bool:
         return bool(self.deadline) and wall_now > self.deadline
@@ -60,6 +63,7 @@ class SequenceMeta:
 class Sequence:
     __slots__ = (
         "arrival_time",
+        "guide",
         "kv",
         "max_model_len",
         "meta",
@@ -84,6 +88,9 @@ class Sequence:
         self.max_model_len = max_model_len
         self.meta = meta if meta is not None else SequenceMeta()
         self.kv: KVCacheManager | None = None  # the block tables it is held in (set by a scheduler)
+        # The grammar matcher (common.engine.guided.Guide) of a constrained sequence, set by its
+        # role once the grammar compiled; it has taken every output token so far.
+        self.guide = None
 
     @property
     def block_ids(self) -> list[int]:

@@ -14,6 +14,7 @@ control_plane/tools.py.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -133,7 +134,16 @@ class _CommonRequest(BaseModel):
             _refuse(specs[1][0], f"cannot be combined with `{specs[0][0]}`")
         if self.guided_choice is not None and not self.guided_choice:
             _refuse("guided_choice", "must list at least one choice")
-        return specs[0][1] if specs else None
+        if not specs:
+            return None
+        name, spec = specs[0]
+        # A grammar ends the output itself: forcing tokens past its end has no valid token.
+        if self.min_tokens:
+            _refuse("min_tokens", f"cannot be combined with `{name}`")
+        if self.ignore_eos:
+            _refuse("ignore_eos", f"cannot be combined with `{name}`")
+        check_spec(name, spec)
+        return spec
 
     def sampling_params(self, default_max_tokens: int, eos_token_ids: tuple[int, ...],
                         vocab_size: int | None = None) -> SamplingParams:
@@ -155,6 +165,24 @@ class _CommonRequest(BaseModel):
             min_tokens=self.min_tokens or 0, guided=self.guided(),
             logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         return params.validate()
+
+
+def check_spec(name: str, spec: GuidedSpec) -> None:
+    """What the gateway can check of a constraint without the grammar engine (which brings
+    torch): a JSON schema is a valid Draft 2020-12 schema, a regex compiles. The instance's
+    grammar engine may still refuse a construct it lacks; that fails the request there."""
+    if spec.kind == "json":
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(json.loads(spec.spec))
+        except jsonschema.SchemaError as exc:
+            _refuse(name, f"is not a valid JSON schema: {exc.message}")
+    elif spec.kind == "regex":
+        try:
+            re.compile(spec.spec)
+        except re.error as exc:
+            _refuse(name, f"is not a valid regular expression: {exc}")
 
 
 def _json_spec(value: str | dict | None) -> GuidedSpec | None:

@@ -149,7 +149,7 @@ class CoupledRole(Role):
         if self.draining:
             self.fail(seq, "instance is draining", recoverable=True)
         elif self.fits_or_fail(seq):
-            self.scheduler.add(seq)
+            self.admit_guided(seq, self.scheduler.add)
 
     def begin_drain(self) -> None:
         super().begin_drain()
@@ -172,4 +172,4 @@ class CoupledRole(Role):
 
     @property
     def is_drained(self) -> bool:
-        return not self.scheduler.has_work
+        return not self.scheduler.has_work and not self.compiling

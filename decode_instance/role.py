@@ -91,7 +91,7 @@ class DecodeRole(Role):
             return
         seq = self.sequence_for(request)
         if self.fits_or_fail(seq):
-            self.scheduler.add(seq)
+            self.admit_guided(seq, self.scheduler.add)
             self.num_local_prefills += 1
             self.first_admit_time = self.first_admit_time or time.time()
 
@@ -121,6 +121,7 @@ class DecodeRole(Role):
         elif self.draining:
             self.ctx.send(offer.source_inbox, KVTransferDone.rejected(offer.request_id, "draining"))
         else:
+            self.prepare_guided(offer.sampling)  # compiles while the KV is read
             self.receiver.offer(offer)
 
     def _abort(self, request_id: str) -> None:
@@ -130,6 +131,7 @@ class DecodeRole(Role):
             del self.recent_aborts[old]
         self.receiver.abort(request_id)
         self.scheduler.abort(request_id)
+        self.drop_compiling(request_id)
 
     def begin_drain(self) -> None:
         super().begin_drain()
@@ -141,7 +143,7 @@ class DecodeRole(Role):
             self.receiver.on_result(result)
         self.receiver.admit()
         for seq in self.receiver.take_ready():
-            self.scheduler.add_prefilled(seq)
+            self.admit_guided(seq, self.scheduler.add_prefilled)
             self.first_admit_time = self.first_admit_time or time.time()
         for offer, error in self.receiver.take_failed():
             self.fail_request(offer.reply_to, offer.request_id, error,
@@ -205,7 +207,7 @@ class DecodeRole(Role):
 
     @property
     def is_drained(self) -> bool:
-        return self.receiver.is_idle and not self.scheduler.has_work
+        return self.receiver.is_idle and not self.scheduler.has_work and not self.compiling
 
     @property
     def wait_s(self) -> float:

@@ -92,11 +92,12 @@ class PrefillRole(Role):
             return
         self.routes[seq.seq_id] = request.reply_to
         self.predictor.admit(seq)
-        self.scheduler.add(seq)
+        self.admit_guided(seq, self.scheduler.add)
 
     def _drop(self, request_id: str) -> None:
         """Forget a request everywhere in this instance and free its blocks."""
         self.scheduler.abort(request_id)
+        self.drop_compiling(request_id)
         self.handoffs.drop_held(request_id)
         self.ctx.kv.free(request_id)
         self.routes.pop(request_id, None)

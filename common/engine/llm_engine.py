@@ -2,7 +2,8 @@
 
 Requests are validated against the context and the KV pool before they are queued, so nothing
 is accepted that could never run. Stop strings are matched on the incrementally detokenized text;
-a sequence that hits one is finished early and its text ends before the stop string.
+a sequence that hits one is finished early and its text ends before the stop string. A
+constrained request (guided decoding, common.engine.guided) is queued once its grammar compiled.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class GenerationResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str | None = None
+    # TokenLogprobs per output token, and of prompt tokens 1.., when the parameters ask
+    logprobs: list = field(default_factory=list)
+    prompt_logprobs: list = field(default_factory=list)
 
 
 def check_fits(prompt_len: int, params: SamplingParams, max_model_len: int,
@@ -57,6 +61,7 @@ class LLMEngine:
                                  config.cache.prefix_caching)
         self.scheduler = COUPLED_POLICIES.get(policy)(config.batch, self.kv)
         self.max_model_len = self.runner.max_model_len
+        self._grammar = None
 
     def default_params(self, **overrides) -> SamplingParams:
         return SamplingParams(eos_token_ids=self.tokenizer.eos_token_ids, **overrides)
@@ -66,8 +71,19 @@ class LLMEngine:
         params.validate()
         check_fits(len(prompt_token_ids), params, self.max_model_len, self.kv)
         request_id = request_id or uuid.uuid4().hex
-        self.scheduler.add(Sequence(request_id, prompt_token_ids, params, self.max_model_len))
+        seq = Sequence(request_id, prompt_token_ids, params, self.max_model_len)
+        if params.guided is not None:  # offline, nothing else to run: wait for the compile
+            seq.guide = self.grammar().submit(params.guided).result().matcher(params)
+        self.scheduler.add(seq)
         return request_id
+
+    def grammar(self):
+        """The guided-decoding compiler (common.engine.guided), made on first use."""
+        if self._grammar is None:
+            from common.engine import guided
+
+            self._grammar = guided.compiler_for_runner(self.runner)
+        return self._grammar
 
     def step(self) -> list[SequenceUpdate]:
         plan = self.scheduler.schedule()
@@ -95,6 +111,8 @@ class LLMEngine:
     def _absorb(self, update: SequenceUpdate, result: GenerationResult, text: TextStream,
                 on_finish) -> None:
         result.token_ids.extend(update.new_token_ids)
+        result.logprobs.extend(update.logprobs)
+        result.prompt_logprobs.extend(update.prompt_logprobs)
         result.text += text.push(update.new_token_ids, update.finish_reason is not None)
         finish_reason = update.finish_reason
         if finish_reason is None and text.stopped:
@@ -106,4 +124,6 @@ class LLMEngine:
                 on_finish(result)
 
     def close(self) -> None:
+        if self._grammar is not None:
+            self._grammar.close()
         self.runner.close()

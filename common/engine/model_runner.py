@@ -2,19 +2,22 @@
 
 `execute(plan)` flattens the plan's chunks into one batch (one-token segments first, see
 `common.engine.attention`), runs one forward, computes logits only for rows that are sampled, and
-samples. It never decides who runs; schedulers do.
+samples (after `common.engine.logits_process`); log-probabilities, of sampled and of prompt tokens,
+come from the same forward (`common.engine.logprobs`). Constrained rows are masked by their
+grammar just before sampling, and their matchers take the sampled tokens
+(`common.engine.guided`). It never decides who runs; schedulers do.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from common.config import EngineConfig
-from common.engine import cpu_features
+from common.engine import cpu_features, guided, logits_process, logprobs
 from common.engine.attention import Segment, TorchAttention
 from common.engine.kv_cache import DTYPE_BY_NAME, KVCache, KVLayout
 from common.engine.models import CausalLM, build_model
@@ -39,6 +42,8 @@ class FlatBatch:
     segments: list[Segment]
     sample_rows: list[int]  # rows whose logits are sampled
     sample_chunks: list  # the ScheduledChunk of each sampled row
+    # (first row, chunk) of the prompt chunks asking for prompt log-probabilities
+    prompt_chunks: list = field(default_factory=list)
 
 
 def padded_rows(num_rows: int) -> int:
@@ -145,7 +150,7 @@ class ModelRunner:
         chunks = sorted(plan.chunks, key=lambda c: c.num_tokens != 1)
         input_ids: list[int] = []
         positions: list[int] = []
-        segments, sample_rows, sample_chunks = [], [], []
+        segments, sample_rows, sample_chunks, prompt_chunks = [], [], [], []
         for chunk in chunks:
             start = len(input_ids)
             input_ids.extend(chunk.token_ids)
@@ -154,6 +159,8 @@ class ModelRunner:
             if chunk.sampling is not None:
                 sample_rows.append(len(input_ids) - 1)
                 sample_chunks.append(chunk)
+            if chunk.prompt_logprobs is not None:
+                prompt_chunks.append((start, chunk))
         padding = plan.num_padding_tokens
         if self.pad_shapes:
             padding = max(padding, padded_rows(len(input_ids)) - len(input_ids))
@@ -163,7 +170,7 @@ class ModelRunner:
             positions.extend(range(padding))
         as_tensor = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)
         return FlatBatch(as_tensor(input_ids), as_tensor(positions), segments, sample_rows,
-                         sample_chunks)
+                         sample_chunks, prompt_chunks)
 
     @torch.inference_mode()
     def execute(self, plan: BatchPlan) -> ModelOutput:
@@ -184,8 +191,13 @@ class ModelRunner:
         if batch.sample_rows:
             sampled_hidden = hidden[batch.sample_rows]
             logits = self.model.compute_logits(sampled_hidden)
-            tokens = self.sampler(logits, [c.sampling for c in batch.sample_chunks],
+            processed = logits_process.process(logits, batch.sample_chunks)
+            processed = guided.constrain(processed, batch.sample_chunks, logits,
+                                         plan.return_logits)
+            tokens = self.sampler(processed, [c.sampling for c in batch.sample_chunks],
                                   [c.num_output_tokens for c in batch.sample_chunks])
+            guided.advance(batch.sample_chunks, tokens)
+            output.logprobs = logprobs.of_sampled(logits, tokens, batch.sample_chunks)
             if plan.return_hidden:
                 kept = self._kept_hidden(plan, sampled_hidden, taps)
             for i, (chunk, token) in enumerate(zip(batch.sample_chunks, tokens)):
@@ -194,8 +206,18 @@ class ModelRunner:
                     output.logits[chunk.seq_id] = logits[i].clone()
                 if plan.return_hidden:
                     output.hidden[chunk.seq_id] = kept[i]
+        output.prompt_logprobs = logprobs.of_prompts(hidden, batch.prompt_chunks,
+                                                     self._padded_logits)
         output.forward_seconds = time.perf_counter() - started
         return output
+
+    def _padded_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of extra rows (prompt log-probabilities), padded like a forward's rows where
+        the packed CPU matmul keeps a primitive per row count."""
+        rows = hidden.shape[0]
+        if self.pad_shapes and padded_rows(rows) > rows:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, padded_rows(rows) - rows))
+        return self.model.compute_logits(hidden)[:rows]
 
     def _layer_taps(self, plan: BatchPlan, batch: FlatBatch) -> LayerTaps | None:
         if not (plan.return_hidden and plan.hidden_layers and batch.sample_rows):

@@ -6,6 +6,10 @@ messages, drives one scheduler over the instance's block tables, and streams tok
 - a Sequence made from a GenerateRequest (a recovered request resumes its output);
 - failing a request: one error event to its gateway (`recoverable` when no output was lost);
 - dropping the sequences past their deadline;
+- guided decoding: a constrained sequence is held (`compiling`) until its grammar has compiled
+  in the background (common.engine.guided), then gets its matcher, which first takes the output
+  the sequence already has (a recovered request's, the first token a prefill instance sampled),
+  and joins the scheduler; a spec that does not compile fails the request;
 - streaming a forward's results: each scheduler `SequenceUpdate` becomes the `TokenUpdate` its
   gateway reads.
 """
@@ -15,12 +19,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.block_pool import KVCacheManager
 from common.config import InstanceConfig
 from common.engine.metrics import InstanceMetrics
+from common.errors import InvalidRequestError
 from common.messaging import Outbox
 from common.plan import BatchPlan, ModelOutput
 from common.protocol import GenerateRequest, KVTransferDone, KVTransferOffer, Message, TokenUpdate
@@ -28,7 +34,10 @@ from common.schedulers.base import Scheduler, SequenceUpdate
 from common.sequence import Sequence, SequenceMeta
 from common.transfer import KVTransferBackend
 
-if TYPE_CHECKING:  # the runner brings torch; only its type is needed here
+if TYPE_CHECKING:  # the runner and the grammar engine bring torch; only types are needed here
+    from concurrent.futures import Future
+
+    from common.engine.guided import GrammarCompiler
     from common.engine.model_runner import ModelRunner
 
 IDLE_WAIT_S = 0.02
@@ -47,6 +56,8 @@ class RoleContext:
     inbox_address: str
     metrics: InstanceMetrics | None = None
     pending_tokens: dict[str, list[TokenUpdate]] = field(default_factory=lambda: defaultdict(list))
+    # Made on the first constrained request; kept across flips with the runner it compiles for.
+    grammar: GrammarCompiler | None = None
 
     def count(self, name: str, amount: float = 1.0, **labels) -> None:
         """Bump an instance counter (e.g. leases_expired); a no-op without metrics."""
@@ -71,6 +82,9 @@ class Role(ABC):
     def __init__(self, ctx: RoleContext) -> None:
         self.ctx = ctx
         self.draining = False
+        # Constrained sequences whose grammar is compiling: seq id -> (sequence, how it joins
+        # the scheduler, the compile's future). Not scheduled yet; a decode's hold their KV.
+        self.compiling: dict[str, tuple[Sequence, Callable[[Sequence], None], Future]] = {}
 
     @abstractmethod
     def handle(self, message: Message) -> None:
@@ -94,7 +108,7 @@ class Role(ABC):
 
     def live_seq_ids(self) -> set[str]:
         """Sequences that may own KV blocks right now (for the integrity check)."""
-        return self.scheduler.seq_ids()
+        return self.scheduler.seq_ids() | set(self.compiling)
 
     @property
     def has_work(self) -> bool:
@@ -163,19 +177,82 @@ class Role(ABC):
     # -- deadlines -------------------------------------------------------------------------------
     def expire_deadlines(self, error: str = "request deadline exceeded") -> None:
         """Drop and fail every sequence of the scheduler that is past its deadline."""
-        for seq in self.scheduler.past_deadline(time.time()):
+        now = time.time()
+        for seq in self.scheduler.past_deadline(now):
             self.discard(seq.seq_id, "deadline")
             self.fail(seq, error)
+        for seq, _, _ in list(self.compiling.values()):
+            if seq.meta.is_past_deadline(now):
+                self._fail_held(seq, error)
 
     def discard(self, seq_id: str, reason: str) -> None:
         """Forget a sequence nobody waits for any more and free its blocks."""
         self.scheduler.abort(seq_id)
+        self.drop_compiling(seq_id)
+
+    # -- guided decoding -------------------------------------------------------------------------
+    def grammar_compiler(self) -> GrammarCompiler:
+        if self.ctx.grammar is None:
+            from common.engine import guided  # torch and xgrammar: only once a request asks
+
+            self.ctx.grammar = guided.compiler_for_runner(self.ctx.runner)
+        return self.ctx.grammar
+
+    def prepare_guided(self, sampling) -> None:
+        """Start compiling a request's grammar early (e.g. while its KV is being read)."""
+        if sampling.guided is not None:
+            self.grammar_compiler().submit(sampling.guided)
+
+    def admit_guided(self, seq: Sequence, admit: Callable[[Sequence], None]) -> None:
+        """`admit(seq)` (into the scheduler) now, or for a constrained sequence once its
+        grammar has compiled: held in `compiling` meanwhile, never scheduled."""
+        if seq.sampling.guided is None:
+            admit(seq)
+            return
+        future = self.grammar_compiler().submit(seq.sampling.guided)
+        self.compiling[seq.seq_id] = (seq, admit, future)
+        if future.done():  # compiled for an earlier request: no need to wait for the loop
+            self.admit_compiled()
+
+    def admit_compiled(self) -> None:
+        """Each loop turn: the held sequences whose grammar is ready join their scheduler,
+        matcher attached; those whose spec did not compile fail."""
+        for seq, admit, future in [h for h in self.compiling.values() if h[2].done()]:
+            error = self._attach_guide(seq, future)
+            if error:
+                self._fail_held(seq, error)
+            else:
+                del self.compiling[seq.seq_id]
+                admit(seq)
+
+    @staticmethod
+    def _attach_guide(seq: Sequence, future: Future) -> str:
+        """Give the sequence its matcher, past the output it has; the error, or ""."""
+        error = future.exception()
+        if error is not None:  # the spec's own error says so; anything else is ours
+            return str(error) if isinstance(error, InvalidRequestError) else \
+                f"guided decoding unavailable: {error}"
+        seq.guide = future.result().matcher(seq.sampling)
+        if not seq.guide.accept_all(seq.output_token_ids):
+            return "guided decoding: the request's generated tokens do not match its grammar"
+        return ""
+
+    def _fail_held(self, seq: Sequence, error: str) -> None:
+        self.drop_compiling(seq.seq_id)
+        self.discard(seq.seq_id, "guided decoding")  # the role's own bookkeeping (routes, ...)
+        self.fail(seq, error)
+
+    def drop_compiling(self, seq_id: str) -> None:
+        """Forget a held sequence (aborted, expired, failed) and free the KV it holds."""
+        if self.compiling.pop(seq_id, None) is not None:
+            self.ctx.kv.free(seq_id)
 
     # -- streaming -------------------------------------------------------------------------------
     def token_update(self, update: SequenceUpdate) -> TokenUpdate:
         return TokenUpdate(update.seq_id, update.new_token_ids, update.finish_reason,
                            update.num_prompt_tokens, update.num_output_tokens,
-                           self.ctx.instance_id)
+                           self.ctx.instance_id, logprobs=update.logprobs,
+                           prompt_logprobs=update.prompt_logprobs)
 
     def stream(self, plan: BatchPlan, output: ModelOutput) -> list[tuple[Sequence, SequenceUpdate]]:
         """Absorb a forward into the scheduler and send each sequence's new tokens to its

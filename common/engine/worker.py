@@ -2,7 +2,8 @@
 
 Each turn of the loop:
   1. receive messages (waiting only while the role has nothing to run) and hand them to the role;
-  2. `role.poll()`: KV transfer completions, dispatch, leases and deadlines;
+  2. `role.admit_compiled()`: constrained sequences whose grammar compiled join the scheduler;
+     `role.poll()`: KV transfer completions, dispatch, leases and deadlines;
   3. plan = role.schedule(); output = runner.execute(plan); role.update_from_output(plan, output);
   4. flush generated tokens to the gateways, one TokenBatch per gateway;
   5. every report interval: InstanceStats to the control plane (gateways or the store); when
@@ -116,6 +117,7 @@ class InstanceWorker:
                 self._start_flip(message)
             else:
                 self.role.handle(message)
+        self.role.admit_compiled()  # constrained sequences whose grammar is now ready
         self.role.poll()
         if self._pending_flip is not None and self.role.is_drained:
             self._finish_flip()

@@ -31,6 +31,12 @@ class SequenceUpdate:
     prompt_logprobs: list = field(default_factory=list)  # with the first token, when asked
 
 
+def _wants_prompt_logprobs(seq: Sequence) -> bool:
+    """Whether the sequence's prompt chunks compute prompt log-probabilities: asked for and not
+    yet delivered (they go out with the first token; a recomputed sequence has sent them)."""
+    return seq.sampling.prompt_logprobs is not None and seq.num_output_tokens == 0
+
+
 @dataclass
 class PlanBuilder:
     """One forward under construction, made afresh by each `schedule()` call."""
@@ -118,15 +124,29 @@ class Scheduler(ABC):
                 continue
             seq.num_computed_tokens = chunk.num_cached + chunk.num_tokens
             self.kv.cache_computed(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            if chunk.seq_id in output.prompt_logprobs:
+                # positions before the chunk hold theirs; a recomputed chunk replaces its own
+                seq.meta.prompt_logprobs[chunk.num_cached:] = output.prompt_logprobs[chunk.seq_id]
             token = output.sampled_token_ids.get(chunk.seq_id)
             if token is None:
                 continue
             seq.append_token(token)
-            updates.append(SequenceUpdate(seq.seq_id, [token], seq.finish_reason,
-                                          seq.num_prompt_tokens, seq.num_output_tokens))
+            updates.append(self._token_update(seq, token, output))
             if seq.is_finished:
                 self._finish(seq)
         return updates
+
+    @staticmethod
+    def _token_update(seq: Sequence, token: int, output: ModelOutput) -> SequenceUpdate:
+        """The update of a sequence that just took `token`: its log-probabilities when asked,
+        and with the first token the prompt's, which then leave the sequence."""
+        logprobs = output.logprobs.get(seq.seq_id)
+        prompt_logprobs = []
+        if seq.num_output_tokens == 1 and seq.meta.prompt_logprobs:
+            prompt_logprobs, seq.meta.prompt_logprobs = seq.meta.prompt_logprobs, []
+        return SequenceUpdate(seq.seq_id, [token], seq.finish_reason, seq.num_prompt_tokens,
+                              seq.num_output_tokens, [logprobs] if logprobs is not None else [],
+                              prompt_logprobs)
 
     def make_chunk(self, seq: Sequence, num_tokens: int) -> ScheduledChunk | None:
         """Grow the sequence's blocks for `num_tokens` more tokens and describe that chunk, or
@@ -143,14 +163,21 @@ class Scheduler(ABC):
                 seq.num_computed_tokens = 0
             return None
         completes = start + num_tokens == seq.num_tokens
+        prompt_logprobs = seq.sampling.prompt_logprobs if _wants_prompt_logprobs(seq) else None
+        # The penalties read the tokens so far; prompt log-probabilities, the token after a chunk.
+        reads_history = (completes and seq.sampling.needs_history) or prompt_logprobs is not None
         return ScheduledChunk(seq.seq_id, seq.token_ids[start:start + num_tokens], start,
                               list(blocks), seq.sampling if completes else None,
-                              seq.num_output_tokens)
+                              seq.num_output_tokens,
+                              history=seq.token_ids if reads_history else None,
+                              num_prompt_tokens=seq.num_prompt_tokens,
+                              prompt_logprobs=prompt_logprobs, guide=seq.guide)
 
     def _claim_cached_prefix(self, seq: Sequence) -> bool:
         """Before a sequence's first chunk: share the cached blocks of its prompt's longest
-        cached prefix, leaving at least its last token to compute (its logits sample)."""
-        if seq.num_computed_tokens or self.kv.table(seq.seq_id):
+        cached prefix, leaving at least its last token to compute (its logits sample). Not for
+        a sequence owing prompt log-probabilities: cached tokens would have none (as in vLLM)."""
+        if seq.num_computed_tokens or self.kv.table(seq.seq_id) or _wants_prompt_logprobs(seq):
             return False
         cached = self.kv.claim_prefix(seq.seq_id, seq.token_ids, seq.num_tokens - 1)
         seq.num_computed_tokens = cached

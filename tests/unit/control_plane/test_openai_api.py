@@ -182,11 +182,12 @@ def test_logprobs_counts():
 def test_penalties_bias_and_guided_map_to_sampling_params():
     params = chat(presence_penalty=0.5, frequency_penalty=-1.0, repetition_penalty=1.2,
                   logit_bias={"7": 5.0, "3": -100}, min_tokens=4, max_tokens=8,
-                  response_format={"type": "json_schema", "json_schema": {
-                      "name": "x", "schema": {"type": "object"}}}).sampling_params(16, EOS, 100)
+                  ).sampling_params(16, EOS, 100)
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
             params.min_tokens) == (0.5, -1.0, 1.2, 4)
     assert params.logit_bias == ((3, -100.0), (7, 5.0))
+    params = chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object"}}}).sampling_params(16, EOS, 100)
     assert (params.guided.kind, json.loads(params.guided.spec)) == ("json", {"type": "object"})
     assert completion(guided_choice=["a", "b"]).sampling_params(16, EOS).guided.kind == "choice"
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
@@ -316,3 +317,16 @@ def test_error_body_shape():
                                                  "param": None, "code": None}}
     assert error_body("gone", kind="not_found_error", param="model", code=404) == {
         "error": {"message": "gone", "type": "not_found_error", "param": "model", "code": 404}}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "strin"}}}}, "`response_format` is not a valid JSON"),
+    ({"guided_json": {"type": "object", "required": "a"}}, "`guided_json` is not a valid JSON"),
+    ({"guided_regex": "a(b"}, "`guided_regex` is not a valid regular expression"),
+    ({"guided_choice": ["a"], "min_tokens": 3}, "`min_tokens` cannot be combined"),
+    ({"guided_regex": "a+", "ignore_eos": True}, "`ignore_eos` cannot be combined"),
+])
+def test_bad_constraints_are_refused_at_the_gateway(fields, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        completion(**fields).sampling_params(16, EOS)
