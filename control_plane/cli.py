@@ -221,6 +221,25 @@ def _add_simulate(sub) -> None:
     p.set_defaults(handler=_cmd_simulate)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from simulator.plan_cli import run_from_args
+
+    return run_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+
+
+def _add_plan(sub) -> None:
+    from simulator.args import add_plan_args  # argparse only: building the parser stays light
+
+    p = sub.add_parser("plan", help="simulate candidate layouts for an instance budget and "
+                                    "recommend one by goodput; `up`'s flags are the base")
+    add_gateway_args(p)
+    add_store_args(p)
+    add_instance_args(p)
+    add_engine_args(p)
+    add_plan_args(p)
+    p.set_defaults(handler=_cmd_plan)
+
+
 _PREDICTOR_COMMANDS = {
     "build-dataset": ("ShareGPT prompts + output-length labels for training",
                       "add_build_dataset_args", "run_build_dataset"),
@@ -262,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _COMMANDS = [_add_up, _add_gateway, _add_instance, _add_generate, _add_profile, _add_bench,
-             _add_simulate, _add_predictor]
+             _add_simulate, _add_plan, _add_predictor]
 
 
 # `splitserve bench <experiment> ...` hands the rest of the command line to the experiment.

@@ -16,6 +16,13 @@ modelled. docs/simulator.md describes what is modelled and what is not.
     metrics    traces -> the metrics dict `splitserve bench` reports
     run        one simulation: (layout, costs, workload, seed) -> metrics
     speed      simulated seconds per wall second on a large configuration
+    pools      TetriInfer class lengths tokenized once, resampled for long simulations
+    plan       candidate layouts for an instance budget, ranked by goodput per instance
+    plan_cli   `splitserve plan`: flags, workloads per seed, the table and JSON
+    study      the at-scale crossover study (python -m simulator.study)
+    study_plot its figure and crossover table
+    validate   real runs against simulated ones (python -m simulator.validate)
 
-Only the CLI (control_plane/cli.py, in its handler) imports this package.
+Only the CLI (control_plane/cli.py, in its handlers) imports this package; study and validate
+run as modules.
 """

@@ -1,5 +1,5 @@
-"""The flags `splitserve simulate` adds to those of `splitserve up` (light: argparse only, read
-whenever the CLI builds its parser).
+"""The flags `splitserve simulate` and `splitserve plan` add to those of `splitserve up` (light:
+argparse only, read whenever the CLI builds its parser).
 
 The cluster itself (instance counts, every policy, ChunkSize, KV blocks, transfer emulation,
 the gateway's routing and flips) takes `splitserve up`'s own flags, so one command line
@@ -45,6 +45,8 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
+    sim.add_argument("--slo-ttft-per-token", type=float, default=0.0, metavar="SECONDS",
+                     help="goodput: added to the TTFT bound per prompt token")
     sim.add_argument("--slo-tbt", type=float, default=0.1, metavar="SECONDS",
                      help="goodput: p99 time between tokens")
     sim.add_argument("--cprofile", action="store_true",
@@ -73,3 +75,36 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
                       help="synthetic: median prompt tokens")
     work.add_argument("--output-median", type=float, default=128.0,
                       help="synthetic: median output tokens")
+
+
+def add_plan_args(parser: argparse.ArgumentParser) -> None:
+    """`splitserve plan`: the budget, the candidates, the workload, the SLOs, the cost model."""
+    _cost_args(parser)
+    plan = parser.add_argument_group("plan: candidates (comma-separated lists)")
+    plan.add_argument("--instances", type=int, default=4, help="instance budget")
+    plan.add_argument("--prefill-fractions", default="0.25,0.5,0.75",
+                      help="disaggregated candidates: P = fraction x budget (rounded, 1..N-1); "
+                           "'' for none")
+    plan.add_argument("--policies", default="vllm,sarathi",
+                      help="co-located candidates' policies; '' for none")
+    plan.add_argument("--flip-policies", default=None,
+                      help="disaggregated candidates' flip policies (default: --flip-policy)")
+    plan.add_argument("--chunk-sizes", default=None,
+                      help="ChunkSize candidates: prefill instances' chunk, a co-located "
+                           "policy's token budget per iteration (default: --chunk-size, else "
+                           "the cost model's)")
+    plan.add_argument("--admissions", default=None,
+                      help="decode admission candidates (default: --decode-admission)")
+    plan.add_argument("--seeds", default="0", help="each candidate runs once per seed")
+    plan.add_argument("--pools", metavar="FILE", default=None,
+                      help="TetriInfer class pools (simulator/pools.py; default: the study's "
+                           "committed file, else built into --cache-dir)")
+    plan.add_argument("--json", action="store_true", help="print the result as JSON")
+    plan.add_argument("--out", default=None, help="also write the JSON here")
+    slo = parser.add_argument_group("plan: SLOs (goodput counts requests meeting both)")
+    slo.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
+    slo.add_argument("--slo-ttft-per-token", type=float, default=0.0, metavar="SECONDS",
+                     help="added to the TTFT bound per prompt token")
+    slo.add_argument("--slo-tbt", type=float, default=0.1, metavar="SECONDS",
+                     help="p99 of a request's gaps between tokens")
+    _workload_args(parser)

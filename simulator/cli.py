@@ -63,19 +63,25 @@ def workload(args: argparse.Namespace) -> list[SimRequest]:
                                          args.cv))
 
 
+def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
+                     gateway: GatewayConfig) -> Layout:
+    return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
+                  instance=instance, gateway=gateway, link=args.link,
+                  message_latency_s=args.message_latency, flip_switch_s=args.flip_switch)
+
+
 def run_from_args(args: argparse.Namespace, instance: InstanceConfig,
                   gateway: GatewayConfig) -> int:
     costs = cost_model(args)
     if args.save_costs:
         print(f"cost model written to {costs.save(args.save_costs)}")
-    layout = Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
-                    instance=instance, gateway=gateway, link=args.link,
-                    message_latency_s=args.message_latency, flip_switch_s=args.flip_switch)
+    layout = layout_from_args(args, instance, gateway)
     requests = workload(args)
     profile = cProfile.Profile() if args.cprofile else None
     if profile is not None:
         profile.enable()
-    report = simulate(layout, costs, requests, args.seed, Slo(args.slo_ttft, args.slo_tbt))
+    slo = Slo(args.slo_ttft, args.slo_tbt, ttft_per_prompt_token_s=args.slo_ttft_per_token)
+    report = simulate(layout, costs, requests, args.seed, slo)
     if profile is not None:
         profile.disable()
         report["simulation"]["time_by_package"] = time_by_package(profile)
@@ -94,9 +100,11 @@ def format_report(report: dict) -> str:
 
     sim, good = report["simulation"], report["goodput"]
     speed = sim["simulated_s_per_wall_s"]
+    scaled = good["ttft_per_prompt_token_s"]
+    per_token = f" + {scaled} s per prompt token" if scaled else ""
     lines = [format_summary(report),
              (f"goodput: {good['num_met']} of {report['num_requests']} requests within "
-              f"TTFT {good['ttft_slo_s']} s and p{good['tbt_percentile']:g} TBT "
+              f"TTFT {good['ttft_slo_s']} s{per_token} and p{good['tbt_percentile']:g} TBT "
               f"{good['tbt_slo_s']} s"),
              (f"simulated {sim['simulated_s']:.1f} s in {sim['wall_s']:.1f} s wall "
               f"({speed:.1f} simulated s per wall s), {len(sim['flips'])} flips, "

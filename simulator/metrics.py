@@ -67,10 +67,13 @@ def summarize(traces: Sequence[Trace], duration_s: float) -> dict:
     }
 
 
-def meets_slo(trace: Trace, ttft_slo_s: float, tbt_slo_s: float, tbt_percentile: float) -> bool:
-    """bench.metrics.meets_slo."""
+def meets_slo(trace: Trace, ttft_slo_s: float, tbt_slo_s: float, tbt_percentile: float,
+              ttft_per_prompt_token_s: float = 0.0) -> bool:
+    """bench.metrics.meets_slo; the TTFT bound grows by `ttft_per_prompt_token_s` per prompt
+    token (0: bench's fixed bound)."""
     times = trace.token_times
-    if trace.error is not None or not times or times[0] - trace.request.arrival_s > ttft_slo_s:
+    bound = ttft_slo_s + ttft_per_prompt_token_s * trace.request.num_prompt_tokens
+    if trace.error is not None or not times or times[0] - trace.request.arrival_s > bound:
         return False
     if len(times) < 2:
         return True
@@ -81,10 +84,12 @@ def meets_slo(trace: Trace, ttft_slo_s: float, tbt_slo_s: float, tbt_percentile:
 
 
 def goodput(traces: Sequence[Trace], duration_s: float, ttft_slo_s: float, tbt_slo_s: float,
-            tbt_percentile: float = 99.0) -> dict:
-    """bench.metrics.goodput."""
-    met = [t for t in traces if meets_slo(t, ttft_slo_s, tbt_slo_s, tbt_percentile)]
-    return {"ttft_slo_s": ttft_slo_s, "tbt_slo_s": tbt_slo_s, "tbt_percentile": tbt_percentile,
+            tbt_percentile: float = 99.0, ttft_per_prompt_token_s: float = 0.0) -> dict:
+    """bench.metrics.goodput (with meets_slo's prompt-scaled TTFT bound)."""
+    met = [t for t in traces
+           if meets_slo(t, ttft_slo_s, tbt_slo_s, tbt_percentile, ttft_per_prompt_token_s)]
+    return {"ttft_slo_s": ttft_slo_s, "ttft_per_prompt_token_s": ttft_per_prompt_token_s,
+            "tbt_slo_s": tbt_slo_s, "tbt_percentile": tbt_percentile,
             "num_met": len(met), "fraction": len(met) / len(traces) if traces else None,
             "requests_per_s": _per_second(len(met), duration_s),
             "output_tokens_per_s": _per_second(sum(len(t.token_times) for t in met),

@@ -25,26 +25,45 @@ from simulator.workload import SimRequest
 
 @dataclass(frozen=True)
 class Slo:
-    """The goodput SLOs (defaults chosen here: 1 s to first token, 100 ms p99 between tokens)."""
+    """The goodput SLOs (defaults chosen here: 1 s to first token, 100 ms p99 between tokens).
+    A request's TTFT bound is `ttft_s + ttft_per_prompt_token_s x its prompt tokens` (0: the
+    same bound for every prompt, as `splitserve bench` has it)."""
 
     ttft_s: float = 1.0
     tbt_s: float = 0.1
     tbt_percentile: float = 99.0
+    ttft_per_prompt_token_s: float = 0.0
 
 
 def simulate(layout: Layout, costs: CostModel, workload: list[SimRequest], seed: int = 0,
              slo: Slo = Slo()) -> dict:
+    return report(*run_cluster(layout, costs, workload, seed), slo)
+
+
+def run_cluster(layout: Layout, costs: CostModel, workload: list[SimRequest],
+                seed: int = 0) -> tuple[SimCluster, float, float]:
+    """The simulated cluster after the run (its traces), and the run's wall and CPU seconds."""
     cluster = SimCluster(layout, costs, workload, seed)
     wall, cpu = time.perf_counter(), time.process_time()
     cluster.run()
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return cluster, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def slo_goodput(traces: list, duration_s: float, slo: Slo) -> dict:
+    return goodput(traces, duration_s, slo.ttft_s, slo.tbt_s, slo.tbt_percentile,
+                   slo.ttft_per_prompt_token_s)
+
+
+def report(cluster: SimCluster, wall_s: float, cpu_s: float, slo: Slo = Slo()) -> dict:
+    """`splitserve bench`'s metrics of a finished run, its goodput under `slo`, and the
+    simulation section."""
     traces = list(cluster.traces.values())
     duration = run_duration(traces)
-    report = summarize(traces, duration)
-    report["goodput"] = goodput(traces, duration, slo.ttft_s, slo.tbt_s, slo.tbt_percentile)
-    report["simulation"] = simulation_section(cluster, wall, cpu)
-    report["slo"] = asdict(slo)
-    return report
+    result = summarize(traces, duration)
+    result["goodput"] = slo_goodput(traces, duration, slo)
+    result["simulation"] = simulation_section(cluster, wall_s, cpu_s)
+    result["slo"] = asdict(slo)
+    return result
 
 
 def simulation_section(cluster: SimCluster, wall_s: float, cpu_s: float) -> dict:

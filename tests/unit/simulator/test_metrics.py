@@ -49,5 +49,23 @@ def test_summary_and_goodput_equal_bench_metrics_on_the_same_requests():
     assert ours["num_errors"] == 2 and ours["num_ok"] == 60
     assert_same(ours, bench_summarize(records, duration))
     for ttft_slo, tbt_slo in [(1.0, 0.1), (0.05, 0.02), (0.2, 0.015)]:
-        assert_same(goodput(traces, duration, ttft_slo, tbt_slo),
-                    bench_goodput(records, duration, ttft_slo, tbt_slo))
+        ours = goodput(traces, duration, ttft_slo, tbt_slo)
+        assert ours.pop("ttft_per_prompt_token_s") == 0.0  # bench's bound: one for all prompts
+        assert_same(ours, bench_goodput(records, duration, ttft_slo, tbt_slo))
+
+
+def test_a_prompt_scaled_ttft_bound_admits_exactly_the_requests_under_their_own_bound():
+    shape = SyntheticShape(prompt_median=200, prompt_sigma=1.0, max_prompt_tokens=1000,
+                           output_median=20, output_sigma=0.5, max_output_tokens=60)
+    requests = synthetic(40, 20.0, 3, shape)
+    cluster = SimCluster(layout(1, 1), COSTS, requests)
+    cluster.run()
+    traces = list(cluster.traces.values())
+    base, per_token = 0.02, 2e-4
+    expected = sum(t.token_times[0] - t.request.arrival_s
+                   <= base + per_token * t.request.num_prompt_tokens for t in traces)
+    loose_tbt = 10.0  # only the TTFT bound decides
+    scaled = goodput(traces, 1.0, base, loose_tbt, 99.0, per_token)
+    fixed = goodput(traces, 1.0, base, loose_tbt)
+    assert scaled["num_met"] == expected and scaled["ttft_per_prompt_token_s"] == per_token
+    assert fixed["num_met"] < scaled["num_met"] < len(traces)  # the bound matters both ways

@@ -1,0 +1,250 @@
+"""Validation harness (issue 23): the same workload run for real (`splitserve up` + bench's
+client) and simulated with a cost model fitted to this machine's `splitserve profile` record;
+the relative error of each metric, against the issue's targets (5% on means and throughput,
+15% on p99 TTFT).
+
+    python -m simulator.validate --cases '1P1D:LPLD:low:0' --num-requests 40
+    python -m simulator.validate --cases '*' --dry-run      # the issue's whole matrix
+
+A case is LAYOUT:WORKLOAD:RATE:SEED (fnmatch patterns select from the matrix: 4 layouts x
+LPLD/HPLD/Mixed x low/high x seeds 0-2). Layouts: 1P1D and 1P2D with one torch thread per
+instance; sarathi and vllm as one co-located instance with two threads (this machine's two
+cores). The requests are bench's (bench.workloads.sample_workload at the case's seed, fixed
+output lengths with ignore-EOS) with bench's Poisson arrivals; the real run warms up with two
+of them first, as `bench compare` does. Rates are fractions of the cluster's idealized
+capacity on the fitted model (simulator.study.anchor_rate x 2 cores): low 0.25, high 0.5.
+
+Both sides read the same profile record: the real instances through --cache-dir (ChunkSize,
+co-located cost curves), the simulator through the fit. A record measured with a different
+thread count than the case's instances is used anyway and flagged (`profile.threads_match`).
+Real timings are disturbed by whatever else runs on the machine: `uptime` before and after is
+in each case's JSON, beside per-request TTFT and JCT of both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fnmatch
+import itertools
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from common.config import ConfigError
+from simulator.costs import CostModel
+from simulator.fit import fit_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs/benchmarks/simulator_validation"
+LAYOUTS = {  # name -> (`splitserve up` flags the simulator also takes, torch threads each)
+    "1P1D": (("--prefill", "1", "--decode", "1"), 1),
+    "1P2D": (("--prefill", "1", "--decode", "2"), 1),
+    "sarathi": (("--prefill", "0", "--decode", "0", "--coupled", "1", "--policy", "sarathi"), 2),
+    "vllm": (("--prefill", "0", "--decode", "0", "--coupled", "1", "--policy", "vllm"), 2),
+}
+WORKLOADS = ("LPLD", "HPLD", "Mixed")
+RATES = {"low": 0.25, "high": 0.5}  # x the cluster's idealized capacity (module docstring)
+CORES = 2
+SEEDS = (0, 1, 2)
+METRICS = {  # name -> (path in bench's summary, target relative error)
+    "ttft_mean": (("ttft_s", "mean"), 0.05), "ttft_p99": (("ttft_s", "p99"), 0.15),
+    "tpot_mean": (("tpot_s", "mean"), 0.05), "jct_mean": (("jct_s", "mean"), 0.05),
+    "throughput_tokens": (("throughput", "output_tokens_per_s"), 0.05),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str
+    workload: str
+    rate: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.layout}-{self.workload}-{self.rate}-s{self.seed}"
+
+
+def select(patterns: str) -> list[Case]:
+    """The matrix's cases matching any comma-separated LAYOUT:WORKLOAD:RATE:SEED pattern."""
+    matrix = [Case(*c) for c in itertools.product(LAYOUTS, WORKLOADS, RATES, SEEDS)]
+    chosen = []
+    for pattern in patterns.split(","):
+        fields = pattern.strip().split(":") + ["*"] * 3
+        if pattern.strip() == "*":
+            fields = ["*"] * 4
+        chosen += [c for c in matrix if c not in chosen and all(
+            fnmatch.fnmatchcase(str(v), p) for v, p in zip(asdict(c).values(), fields[:4]))]
+    if not chosen:
+        raise ConfigError(f"no case matches {patterns!r}; layouts {list(LAYOUTS)}, workloads "
+                          f"{list(WORKLOADS)}, rates {list(RATES)}, seeds {list(SEEDS)}")
+    return chosen
+
+
+def load_profiles(paths: list[str]) -> list[tuple[str, dict]]:
+    records = []
+    for path in paths:
+        try:
+            records.append((path, json.loads(Path(path).expanduser().read_text())))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"no profile record at {path} ({exc}): run `splitserve profile "
+                              "--threads N --cache-dir DIR` first") from None
+    return records
+
+
+def profile_for(records: list[tuple[str, dict]], threads: int) -> tuple[CostModel, dict]:
+    """The fitted model of the record measured with `threads` threads, else of the first."""
+    path, record = next(((p, r) for p, r in records if r.get("threads") == threads), records[0])
+    costs = fit_profile(record, source=str(path))
+    return costs, {"path": str(path), "threads": record.get("threads"),
+                   "threads_match": record.get("threads") == threads,
+                   "model": record.get("model"), "dtype": record.get("dtype"),
+                   "recommended_chunk_size": record.get("recommended_chunk_size"),
+                   "fit_max_abs_relative_error": costs.fit.get("max_abs_relative_error")}
+
+
+def case_rate(case: Case, costs: CostModel) -> float:
+    from common.config import InstanceConfig
+    from simulator import pools
+    from simulator.plan_cli import STUDY_POOLS
+    from simulator.study import anchor_rate, workload_pairs
+
+    pairs = workload_pairs(pools.load(STUDY_POOLS), case.workload)
+    capacity = anchor_rate(costs, pairs, InstanceConfig().engine.batch.max_num_seqs) * CORES
+    return RATES[case.rate] * capacity
+
+
+def bench_requests(case: Case, num: int, rate: float) -> tuple[list, list[float]]:
+    from bench.run import BenchOptions, load_tokenizer
+    from bench.workload import poisson_arrivals
+    from bench.workloads import sample_workload
+
+    requests = sample_workload(load_tokenizer(BenchOptions()), case.workload, num, case.seed)
+    return requests, poisson_arrivals(len(requests), rate, case.seed)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
+             log_dir: Path) -> dict:
+    """`splitserve up` with the case's layout, two warm-up requests, then the load."""
+    from bench.client import run_load
+    from bench.cluster import ClusterProcess
+    from bench.metrics import run_duration, summarize
+
+    flags, threads = LAYOUTS[case.layout]
+    args = [*flags, "--threads-per-instance", str(threads), "--cache-dir", cache_dir]
+    before = uptime()
+    cluster = ClusterProcess(args, log_dir / f"{case.name}.log")
+    try:
+        model = cluster.model()
+        asyncio.run(run_load(cluster.url, model, requests[:2], [0.0, 0.0], ignore_eos=True,
+                             progress=False))
+        started = time.monotonic()
+        records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
+                                       ignore_eos=True, progress=False))
+        wall = time.monotonic() - started
+    finally:
+        cluster.stop()
+    summary = summarize(records, run_duration(records))
+    per_request = [{"ttft_s": r.ttft, "jct_s": r.jct, "output_tokens": r.output_tokens,
+                    "error": r.error} for r in records]
+    return {"up_args": args, "summary": summary, "wall_s": wall, "per_request": per_request,
+            "uptime_before": before, "uptime_after": uptime()}
+
+
+def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
+                  cache_dir: str) -> dict:
+    """The same flags through `splitserve simulate`'s parser, the same requests."""
+    from control_plane.cli import build_parser
+    from control_plane.cli_args import cluster_instance_config, gateway_config
+    from simulator.cli import layout_from_args
+    from simulator.run import report, run_cluster
+    from simulator.workload import from_bench
+
+    args = build_parser().parse_args(["simulate", *LAYOUTS[case.layout][0],
+                                      "--cache-dir", cache_dir])
+    layout = layout_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
+    traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
+    per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
+                    "jct_s": t.finish - t.request.arrival_s, "output_tokens": len(t.token_times),
+                    "error": t.error} for t in traces]
+    return {"summary": report(cluster, wall, cpu), "per_request": per_request}
+
+
+def lookup(summary: dict, path: tuple[str, str]) -> float | None:
+    return (summary.get(path[0]) or {}).get(path[1])
+
+
+def errors(real: dict, simulated: dict) -> dict:
+    """Per metric: both values, (simulated - real) / real, the target, and whether it held."""
+    result = {}
+    for name, (path, target) in METRICS.items():
+        r, s = lookup(real, path), lookup(simulated, path)
+        error = (s - r) / r if r and s is not None else None
+        result[name] = {"real": r, "simulated": s, "relative_error": error, "target": target,
+                        "within_target": error is not None and abs(error) <= target}
+    return result
+
+
+def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
+             out: Path) -> dict:
+    costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
+    rate = case_rate(case, costs)
+    requests, arrivals = bench_requests(case, num, rate)
+    real = real_run(case, requests, arrivals, cache_dir, out / "logs")
+    simulated = simulated_run(case, requests, arrivals, costs, cache_dir)
+    result = {"case": asdict(case), "rate": rate, "num_requests": len(requests),
+              "profile": profile, "errors": errors(real["summary"], simulated["summary"]),
+              "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
+                            "arrival_s": a} for r, a in zip(requests, arrivals)],
+              "real": real, "simulated": simulated}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{case.name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def format_errors(case: Case, result: dict) -> str:
+    lines = [(f"{case.name}: {result['num_requests']} requests at {result['rate']:.2f} req/s; "
+              f"{result['real']['uptime_before']}")]
+    for name, e in result["errors"].items():
+        err = "-" if e["relative_error"] is None else f"{e['relative_error']:+.1%}"
+        lines.append(f"  {name:<18} real {e['real']!s:<24.24} simulated {e['simulated']!s:<24.24}"
+                     f" error {err:>8} (target {e['target']:.0%})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulator.validate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="1P1D:LPLD:low:0",
+                        help="comma-separated LAYOUT:WORKLOAD:RATE:SEED patterns ('*' = all)")
+    parser.add_argument("--num-requests", type=int, default=40)
+    parser.add_argument("--cache-dir", default="~/.cache/splitserve",
+                        help="the real instances' cache (models, the profile record)")
+    parser.add_argument("--profile", action="append", default=None, metavar="FILE",
+                        help="profile record(s); a case uses the one measured with its thread "
+                             "count (default: CACHE_DIR/profile.json)")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
+    args = parser.parse_args(argv)
+    profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
+    for case in select(args.cases):
+        if args.dry_run:
+            costs, _ = profile_for(profiles, LAYOUTS[case.layout][1])
+            print(f"{case.name}: {case_rate(case, costs):.2f} req/s")
+            continue
+        print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
+                                           args.out)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The crossover study's pieces (its layouts, the load anchor, the paired verdicts of its
+table) and the validation harness's case selection, profile choice and error arithmetic; no
+real cluster is started here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.config import ConfigError
+from simulator.hardware import hardware_costs
+from simulator.study import anchor_rate, study_candidates
+from simulator.study_plot import crossover_table
+from simulator.validate import METRICS, errors, profile_for, select
+
+from unit.simulator.test_cli import RECORD
+
+
+def test_the_study_compares_three_ratios_a_flipping_split_and_two_policies():
+    assert [c.label for c in study_candidates(8)] == [
+        "2P:6D", "4P:4D", "6P:2D", "4P:4D+load-ratio", "vllm x8", "sarathi x8"]
+    assert all(c.instances == 32 for c in study_candidates(32))
+
+
+def test_the_load_anchor_falls_as_requests_get_heavier():
+    costs = hardware_costs("h100-llama2-7b")
+    light = anchor_rate(costs, [(100, 50)] * 4, 128)
+    assert anchor_rate(costs, [(1000, 50)] * 4, 128) < light
+    assert anchor_rate(costs, [(100, 400)] * 4, 128) < light
+    assert anchor_rate(costs, [(100, 50)] * 4, 8) < light  # a smaller decode batch
+
+
+def row(label: str, coupled: bool, per_seed: list[float], load: float = 10.0) -> dict:
+    good = {"mean": sum(per_seed) / len(per_seed), "per_seed": per_seed}
+    return {"candidate": label, "layout": {"num_coupled": 8 if coupled else 0},
+            "offered_per_instance": load, "goodput_per_instance_by_slo": [good]}
+
+
+def test_the_table_pairs_seeds_and_names_the_best_of_each_kind(tmp_path):
+    rows = [row("4P:4D", False, [9.0, 9.5, 9.9]), row("2P:6D", False, [5.0, 5.0, 5.0]),
+            row("sarathi x8", True, [8.0, 9.0, 9.8]), row("vllm x8", True, [1.0, 1.0, 1.0]),
+            row("4P:4D", False, [3.0, 3.0, 3.0], 20.0), row("vllm x8", True, [4.0, 2.0, 5.0], 20.0)]
+    data = {"workload": "LPLD", "anchor_rate": 10.0, "mean_lengths": [1, 1],
+            "slos": [{"tbt_percentile": 99, "tbt_s": 0.1}], "rows": rows}
+    (tmp_path / "crossover_LPLD.json").write_text(json.dumps(data))
+    low, high = crossover_table(tmp_path)
+    assert (low["by_slo"][0]["best_split"], low["by_slo"][0]["best_colocated"]) == \
+        ("4P:4D", "sarathi x8")
+    assert low["by_slo"][0]["verdict"] == "split wins"  # ahead on every seed, if narrowly
+    assert high["by_slo"][0]["verdict"] == "not distinguishable"  # behind on one seed only
+    assert high["load_x_anchor"] == 2.0
+
+
+def test_cases_are_selected_by_pattern_from_the_matrix():
+    assert len(select("*")) == 4 * 3 * 2 * 3
+    one = select("1P1D:LPLD:low:0")
+    assert [c.name for c in one] == ["1P1D-LPLD-low-s0"]
+    assert {c.layout for c in select("*:Mixed:high:1")} == {"1P1D", "1P2D", "sarathi", "vllm"}
+    assert len(select("1P1D:LPLD:low:0,1P1D:LPLD:*:0")) == 2  # no case twice
+    with pytest.raises(ConfigError):
+        select("2P2D:LPLD:low:0")
+
+
+def test_a_case_uses_the_profile_measured_with_its_thread_count():
+    record = json.loads(RECORD.read_text())
+    one = {**record, "threads": 1}
+    _, info = profile_for([("two", record), ("one", one)], threads=1)
+    assert info["path"] == "one" and info["threads_match"]
+    _, info = profile_for([("two", record)], threads=1)
+    assert info["path"] == "two" and not info["threads_match"]  # used, and flagged
+
+
+def test_errors_are_relative_to_the_real_run_and_checked_against_targets():
+    real = {"ttft_s": {"mean": 0.1, "p99": 0.4}, "tpot_s": {"mean": 0.02},
+            "jct_s": {"mean": 2.0}, "throughput": {"output_tokens_per_s": 100.0}}
+    simulated = {"ttft_s": {"mean": 0.104, "p99": 0.5}, "tpot_s": {"mean": 0.0195},
+                 "jct_s": {"mean": None}, "throughput": {"output_tokens_per_s": 90.0}}
+    result = errors(real, simulated)
+    assert set(result) == set(METRICS)
+    assert result["ttft_mean"]["relative_error"] == pytest.approx(0.04)
+    assert result["ttft_mean"]["within_target"]
+    assert result["ttft_p99"]["relative_error"] == pytest.approx(0.25)
+    assert not result["ttft_p99"]["within_target"]  # 25% > 15%
+    assert result["tpot_mean"]["within_target"]  # -2.5%
+    assert result["jct_mean"]["relative_error"] is None and not result["jct_mean"]["within_target"]
+    assert result["throughput_tokens"]["relative_error"] == pytest.approx(-0.1)
