@@ -247,6 +247,7 @@ class TokenUpdate(msgspec.Struct, omit_defaults=True):
     next_instance: str = ""  # the decode instance a prefill handed the request to
     error: str = ""
     recoverable: bool = False  # the error lost no output: the gateway may run it again elsewhere
+    bad_request: bool = False  # the error is the request's own (a grammar that does not compile)
     logprobs: list[TokenLogprobs] = []  # one per token_ids, when the request asked
     # With the first token, when the request asked: prompt tokens 1.. (the first has none)
     prompt_logprobs: list[TokenLogprobs] = []

@@ -68,6 +68,7 @@ class StreamEvent:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    bad_request: bool = False  # the error is the request's own fault (HTTP 400)
     # Only for requests that asked: the TokenLogprobs of the tokens behind this delta, and (once,
     # with the first) of the prompt's tokens after its first
     logprobs: list = field(default_factory=list)
@@ -294,7 +295,9 @@ class Gateway:
         if update.error:
             if update.recoverable and self._recover(handle, update.error):
                 return None
-            return self._end(handle, error=update.error)
+            event = self._end(handle, error=update.error)
+            event.bad_request = update.bad_request
+            return event
         self._note_tokens(handle, update.token_ids)
         self._advance_phase(handle, update)
         if not update.token_ids and update.finish_reason is None:

@@ -179,7 +179,7 @@ class Api:
             async for event in self.gateway.events(handle):
                 last = event
                 if event.error:
-                    yield sse(error_body(event.error, "server_error", None, 500))
+                    yield sse(stream_error(event))
                     break
                 running = (usage(event.num_prompt_tokens, event.num_output_tokens)
                            if continuous else None)
@@ -211,6 +211,8 @@ class Api:
             return whole_response(self, run, builder, body, prepared)
         text, last = result
         if last is None or last.error:
+            if last is not None and last.bad_request:
+                return error_response(400, last.error, "invalid_request_error")
             return error_response(500, (last.error if last else None) or "no output",
                                   "server_error")
         return JSONResponse(builder.response(text, last.finish_reason,
@@ -242,8 +244,17 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
     return ErrorResponse(error_body(message, kind, param, status), status_code=status)
 
 
-def job_errors(jobs: list[Job]) -> str | None:
+def stream_error(event) -> dict:
+    """An error event in a stream: the request's own fault (400) or the cluster's (500)."""
+    if event.bad_request:
+        return error_body(event.error, "invalid_request_error", None, 400)
+    return error_body(event.error, "server_error", None, 500)
+
+
+def job_errors(jobs: list[Job]) -> tuple[str, bool] | None:
+    """The first failed job's (error, the request's own fault), or None."""
     for job in jobs:
         if job.last is None or job.last.error:
-            return (job.last.error if job.last else None) or "no output"
+            return ((job.last.error if job.last else None) or "no output",
+                    bool(job.last and job.last.bad_request))
     return None

@@ -6,7 +6,6 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from control_plane.fanout import FanOut, Job
-from control_plane.openai_api import error_body
 from control_plane.responses import ResponseBuilder, usage
 
 
@@ -72,14 +71,14 @@ def builder_is_chat(body) -> bool:
 
 
 async def stream_lines(api, run: FanOut, builder: ResponseBuilder, body, prepared):
-    from control_plane.serving import sse
+    from control_plane.serving import sse, stream_error
 
     options = body.stream_options
     streams = {id(job): _ChoiceStream(api, body, job, prepared) for job in run.jobs}
     try:
         async for job, event in run.events():
             if event.error:
-                yield sse(error_body(event.error, "server_error", None, 500))
+                yield sse(stream_error(event))
                 break
             for chunk in streams[id(job)].chunks(builder, event):
                 yield sse(chunk)
@@ -117,7 +116,9 @@ def whole_response(api, run: FanOut, builder: ResponseBuilder, body, prepared) -
 
     problem = job_errors(run.jobs)
     if problem:
-        return error_response(500, problem, "server_error")
+        error, bad_request = problem
+        return (error_response(400, error, "invalid_request_error") if bad_request else
+                error_response(500, error, "server_error"))
     choices = [_choice(api, builder, body, prepared, job) for job in _chosen(run.jobs, body)]
     choices.sort(key=lambda c: c["index"])
     return JSONResponse(builder.response_of(choices, _usage(run.jobs)))

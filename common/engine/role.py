@@ -153,20 +153,22 @@ class Role(ABC):
         self.fail(seq, "the prompt needs more KV blocks than this instance has")
         return False
 
-    def fail(self, seq: Sequence, error: str, recoverable: bool = False) -> None:
-        """End the sequence's request with an error event to its gateway."""
+    def fail(self, seq: Sequence, error: str, recoverable: bool = False,
+             bad_request: bool = False) -> None:
+        """End the sequence's request with an error event to its gateway (`bad_request`: the
+        request's own fault, a 400 for the client)."""
         self.fail_request(seq.meta.reply_to, seq.seq_id, error, recoverable=recoverable,
                           num_prompt_tokens=seq.num_prompt_tokens,
-                          num_output_tokens=seq.num_output_tokens)
+                          num_output_tokens=seq.num_output_tokens, bad_request=bad_request)
 
     def fail_request(self, reply_to: str, request_id: str, error: str, *,
                      recoverable: bool = False, num_prompt_tokens: int = 0,
-                     num_output_tokens: int = 0) -> None:
+                     num_output_tokens: int = 0, bad_request: bool = False) -> None:
         """End a request this role holds no sequence for (yet) with an error event."""
         self.ctx.emit(reply_to, TokenUpdate(
             request_id, finish_reason="error", error=error, instance_id=self.ctx.instance_id,
             num_prompt_tokens=num_prompt_tokens, num_output_tokens=num_output_tokens,
-            recoverable=recoverable))
+            recoverable=recoverable, bad_request=bad_request))
 
     def refuse_offer(self, offer: KVTransferOffer) -> None:
         """A KV offer reached an instance that does not decode (it flipped): the prefill
@@ -220,7 +222,8 @@ class Role(ABC):
         for seq, admit, future in [h for h in self.compiling.values() if h[2].done()]:
             error = self._attach_guide(seq, future)
             if error:
-                self._fail_held(seq, error)
+                # the spec's own error (InvalidRequestError) is the client's: a 400
+                self._fail_held(seq, error, isinstance(future.exception(), InvalidRequestError))
             else:
                 del self.compiling[seq.seq_id]
                 admit(seq)
@@ -237,10 +240,10 @@ class Role(ABC):
             return "guided decoding: the request's generated tokens do not match its grammar"
         return ""
 
-    def _fail_held(self, seq: Sequence, error: str) -> None:
+    def _fail_held(self, seq: Sequence, error: str, bad_request: bool = False) -> None:
         self.drop_compiling(seq.seq_id)
         self.discard(seq.seq_id, "guided decoding")  # the role's own bookkeeping (routes, ...)
-        self.fail(seq, error)
+        self.fail(seq, error, bad_request=bad_request)
 
     def drop_compiling(self, seq_id: str) -> None:
         """Forget a held sequence (aborted, expired, failed) and free the KV it holds."""

@@ -181,3 +181,19 @@ def test_200_sampled_json_schema_requests_all_validate(cluster):
         jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMAS[name])
     # sampled: the outputs are not all the same text
     assert len({choice["message"]["content"] for _, choice in results}) > 20
+
+
+def test_a_spec_only_the_grammar_engine_refuses_is_a_400(cluster):
+    """Python's re compiles this regex (a lone `{`), xgrammar does not: the gateway's check
+    passes it on, the instance's compile fails, and the client still gets a 400 (found by the
+    API fuzzer), streamed or not."""
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 4,
+            "guided_regex": "ab{"}
+    response = httpx.post(cluster.url + "/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    assert "does not compile" in response.json()["error"]["message"]
+    with httpx.stream("POST", cluster.url + "/v1/completions", timeout=60,
+                      json={**body, "stream": True}) as stream:
+        events = [json.loads(line[6:]) for line in stream.iter_lines()
+                  if line.startswith("data: {")]
+    assert events[-1]["error"]["code"] == 400, events
