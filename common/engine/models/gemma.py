@@ -25,8 +25,13 @@ import torch
 from torch import nn
 
 from common.engine.models.base import MODEL_REGISTRY, CausalLM, LayerAttention, ModelShape
-from common.engine.models.layers import WeightLoader
-from common.engine.models.llama import LlamaAttention, LlamaMLP, fused_projections, llama_shape
+from common.engine.models.llama import (
+    LlamaAttention,
+    LlamaMLP,
+    fused_projections,
+    llama_shape,
+    load_checkpoint,
+)
 from common.engine.models.rope import RotaryEmbedding, rope_config
 from common.errors import ModelLoadError
 
@@ -133,14 +138,8 @@ class GemmaForCausalLM(CausalLM):
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        fused, sizes = fused_projections(self.shape, self.layers[0].mlp.intermediate)
-        loader = WeightLoader(self, fused, sizes)
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            loader.load(name, tensor)
-        loader.check_complete()
+        load_checkpoint(self, weights,
+                        *fused_projections(self.shape, self.layers[0].mlp.intermediate))
 
 
 @MODEL_REGISTRY.register("Gemma2ForCausalLM")

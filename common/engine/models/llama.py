@@ -182,14 +182,20 @@ class LlamaForCausalLM(CausalLM):
         return fused_projections(self.shape, self.layers[0].mlp.intermediate)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        fused, sizes = self.fused_names()
-        loader = WeightLoader(self, fused, sizes, ignore=("rotary_emb.inv_freq",))
-        for name, tensor in weights:
-            name = name.removeprefix("model.")
-            if self.tie_word_embeddings and name == "lm_head.weight":
-                continue
-            loader.load(name, tensor)
-        loader.check_complete()
+        load_checkpoint(self, weights, *self.fused_names())
+
+
+def load_checkpoint(model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]],
+                    fused: dict, sizes: dict) -> None:
+    """A Hugging Face checkpoint of the Llama layout (the `model.` prefix dropped, a tied
+    lm_head skipped) into `model`, every parameter required."""
+    loader = WeightLoader(model, fused, sizes, ignore=("rotary_emb.inv_freq",))
+    for name, tensor in weights:
+        name = name.removeprefix("model.")
+        if model.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        loader.load(name, tensor)
+    loader.check_complete()
 
 
 @MODEL_REGISTRY.register("Qwen3ForCausalLM")
