@@ -28,6 +28,7 @@ ZEN4 = "AMD EPYC Zen 4, AVX-512 BF16"
 EPYC_945 = "AMD EPYC, AVX-512 BF16 (recorded as Zen 4, at twice its matmul rate)"
 AVX2 = "AMD EPYC, AVX2 only (float32)"
 XEON = "Intel Xeon, AVX-512 without BF16 or AMX"
+ZEN5 = "AMD EPYC Zen 5, AVX-512 BF16"
 
 # session -> (CPU kind, when): from docs/engine.md's host notes and the commit times.
 SESSIONS = {
@@ -37,6 +38,7 @@ SESSIONS = {
     4: (ZEN4, "fourth session, 2026-11-26 11:00-13:10 UTC, bf16 matmul 374-448 GFLOP/s"),
     5: (ZEN4, "fifth session, 2026-11-26 14:40-15:50 UTC, bf16 matmul 378-433 GFLOP/s"),
     6: (XEON, "sixth session, 2026-11-26, committed 19:14-19:38 UTC"),
+    7: (ZEN5, "a session of 2026-11-27, committed 04:43 UTC"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -55,6 +57,7 @@ HOSTS = {
     **{f"compare_vllm_cpu_zen4_s5_run{n}": 5 for n in range(1, 5)},
     "compare_sarathi_ablation_hphd": 5,
     "length_predictor/sixth-session": 6,
+    "decode_inter_current": 7,
 }
 
 
@@ -64,6 +67,27 @@ def load(relative: str):
     path = BENCH / relative
     return json.loads(path.read_text()) if path.is_file() else None
 
+
+
+E13_SEEDS = (0, 1, 2)
+
+
+def inter_runs(name: str = "decode_inter_current") -> dict[str, list[dict]] | None:
+    """E13's rerun: dispatcher -> its row of each seed's inter.json (seed order), or None when
+    a seed's file is not committed."""
+    seeds = [load(f"{name}/seed{seed}/inter.json") for seed in E13_SEEDS]
+    if None in seeds:
+        return None
+    runs: dict[str, list[dict]] = {}
+    for data in seeds:
+        for r in data["rows"]:
+            runs.setdefault(r["policy"], []).append(r)
+    return runs
+
+
+def overlap(a: list[float], b: list[float]) -> bool:
+    """Whether two sets of per-seed values share any range: then "not distinguishable"."""
+    return min(a) <= max(b) and min(b) <= max(a)
 
 def committed(name: str) -> bool:
     return (BENCH / name).is_dir()

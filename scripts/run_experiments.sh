@@ -28,11 +28,17 @@ run_decode() {
   log decode experiments
   $S bench decode-experiments intra --num-requests 256 --max-tokens 256 --out $OUT/decode_intra \
      ${PREDICTOR:+--predictor $PREDICTOR} $WAIT_LONG
-  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter $WAIT_LONG
+  run_inter
 }
+# E13 as committed (docs/reproduction.md): five dispatchers, 3 seeds, every request through the
+# prefill instance's dispatcher.
 run_inter() {
   log inter-decode placement
-  $S bench decode-experiments inter --decodes 2 --max-tokens 512 --out $OUT/decode_inter $WAIT_LONG
+  for seed in 0 1 2; do
+    $S bench decode-experiments inter --decodes 2 --max-tokens 512 --seed $seed $WAIT_LONG \
+       --policies power_of_two,power_of_two_ratio,imbalance,random,round_robin \
+       --out $OUT/decode_inter_current/seed$seed -- --local-prefill off
+  done
 }
 run_interference() { log interference; $S bench interference --out $OUT/interference; }
 run_vllm() {
