@@ -59,22 +59,41 @@ def test_every_marked_region_has_a_builder_and_every_builder_a_region(tables):
 def test_check_fails_on_a_number_edited_by_hand(tables, tmp_path):
     text = DOC.read_text()
     body = region_body(text, "E13")
-    assert "| 38.3 |" in body  # power_of_two's total decoding time in decode_inter/inter.json
+    # power_of_two's mean total decoding time over decode_inter_current/seed{0,1,2}/inter.json
+    assert "| 18.1 ± 0.1 |" in body
     edited = tmp_path / "reproduction.md"
-    edited.write_text(text.replace(body, body.replace("| 38.3 |", "| 36.0 |")))
+    edited.write_text(text.replace(body, body.replace("| 18.1 ± 0.1 |", "| 17.9 ± 0.1 |")))
     assert tables.main(["--check", "--doc", str(edited)]) == 1
     edited.write_text(text)
     assert tables.main(["--check", "--doc", str(edited)]) == 0
 
 
+def _e13_with(bench, times: dict[str, list[float]]) -> str:
+    """E13's table over a copy of the rerun whose listed dispatchers took `times` per seed."""
+    shutil.copytree(ROOT / "docs/benchmarks/decode_inter_current", bench / "decode_inter_current")
+    for seed in (0, 1, 2):
+        path = bench / f"decode_inter_current/seed{seed}/inter.json"
+        data = json.loads(path.read_text())
+        for row in data["rows"]:
+            if row["policy"] in times:
+                row["total_decoding_time_s"] = times[row["policy"]][seed]
+        path.write_text(json.dumps(data))
+    sys.modules["reproduction_sources"].load.cache_clear()
+    return "\n".join(sys.modules["reproduction_experiments"].e13())
+
+
 def test_a_changed_number_in_the_data_changes_its_table(tables, bench):
-    shutil.copytree(ROOT / "docs/benchmarks/decode_inter", bench / "decode_inter")
-    data = json.loads((bench / "decode_inter/inter.json").read_text())
-    data["rows"][0]["total_decoding_time_s"] = 12.34
-    (bench / "decode_inter/inter.json").write_text(json.dumps(data))
-    e13 = "\n".join(tables.BUILDERS["E13"]())
-    assert "| power_of_two (ours) | 12.3 | -75% |" in e13
-    assert "AMD EPYC Zen 4" in e13  # the CPU kind of the session that made decode_inter
+    e13 = _e13_with(bench, {"power_of_two": [12.34, 12.0, 12.5], "random": [20.0, 20.0, 23.0]})
+    assert "| power_of_two (ours) | 12.3 ± 0.3 | -42% | 12.3, 12.0, 12.5 |" in e13
+    assert "AMD EPYC Zen 5" in e13  # the CPU kind of the session that made the rerun
+
+
+def test_e13_calls_overlapping_seeds_not_distinguishable(tables, bench):
+    apart = _e13_with(bench, {"power_of_two": [10.0, 11.0, 12.0], "random": [13.0, 14.0, 15.0]})
+    assert "| -21% |" in apart  # 11.0 vs 14.0
+    shutil.rmtree(bench / "decode_inter_current")
+    close = _e13_with(bench, {"power_of_two": [10.0, 11.0, 13.0], "random": [13.0, 14.0, 15.0]})
+    assert "| -19% (not distinguishable) |" in close  # 11.3 vs 14.0
 
 
 def test_without_committed_data_every_table_says_so(tables, bench):
