@@ -51,6 +51,9 @@ class Layout:
     message_latency_s: float = 0.0  # control messages (requests, offers, acks, views)
     flip_switch_s: float = 0.01  # a drained instance's role switch (no model reload)
     drain_limit_s: float = 3600.0  # after the last arrival, stop and count the rest unfinished
+    # Step a decode instance's steady batch without planning it (simulator/steady.py): the same
+    # result, several times faster; False plans every forward with the scheduler.
+    steady_decode: bool = True
 
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:

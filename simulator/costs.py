@@ -135,6 +135,12 @@ class CostModel:
             seconds += blocks * block_size * self.kv_bytes_per_token / self.swap_bytes_per_s
         return seconds
 
+    def decode_s(self, num_seqs: int, context: int) -> float:
+        """`forward_s` of a plan of `num_seqs` one-token decodes after `context` cached tokens in
+        all (the same terms in the same order, so the same float)."""
+        return (self.base_s(num_seqs) + self.per_sampled_row_s * num_seqs
+                + self.per_context_token_s * context + self.per_context_pair_s * context)
+
     def prefill_s(self, num_tokens: int) -> float:
         """One fresh prompt of `num_tokens`, its first token sampled."""
         return self.base_s(num_tokens) + self.per_sampled_row_s

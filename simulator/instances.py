@@ -21,6 +21,7 @@ from common.block_pool import KVCacheManager
 from common.config import InstanceConfig
 from common.plan import BatchPlan, ModelOutput
 from common.protocol import InstanceStats
+from simulator import steady
 from simulator.roles import ROLES, SimRole
 from simulator.workload import EOS_TOKEN, FILLER_TOKEN
 
@@ -43,6 +44,7 @@ class SimInstance:
         self.flip_target = ""  # draining for a flip to this role
         self.link_free_at = 0.0  # when the KV link into this instance is free again
         self.role: SimRole = ROLES[role](self)
+        self.steady_decode = cluster.layout.steady_decode
 
     # -- the loop ------------------------------------------------------------------------------
     def deliver(self, kind: str, payload: object) -> None:
@@ -59,6 +61,14 @@ class SimInstance:
             kind, payload = self.inbox.popleft()
             self.role.handle(kind, payload)
         self.role.poll()
+        if self.steady_decode and self.role.name == "decode":
+            step = steady.steady_batch(self.role.scheduler)
+            if step is not None:
+                batch, context = step
+                seconds = self.costs.decode_s(len(batch), context)
+                self.busy = True
+                self.loop.after(seconds, self._steady_done, batch, seconds)
+                return
         plan = self.role.schedule()
         if plan.is_empty:
             self.busy = False
@@ -74,6 +84,14 @@ class SimInstance:
         self.computed_tokens += plan.num_tokens - plan.num_padding_tokens
         self.num_forwards += 1
         self.role.absorb(plan, self.sampled(plan))
+        self.turn()
+
+    def _steady_done(self, batch: list, seconds: float) -> None:
+        """_forward_done for a forward of the steady fast path (simulator/steady.py)."""
+        self.busy_seconds += seconds
+        self.computed_tokens += len(batch)
+        self.num_forwards += 1
+        steady.absorb(self.role, batch)
         self.turn()
 
     def sampled(self, plan: BatchPlan) -> ModelOutput:
