@@ -78,10 +78,11 @@ class PendingPlacements:
             if old is not None and old.report_time > peer.report_time:
                 peer = old
             listed[peer.instance_id] = peer
-            seen = peer.offers_seen.get(self.instance_id, 0)
-            mine = self.pending.get(peer.instance_id, {})
-            for request_id in [r for r, p in mine.items() if p.number <= seen]:
-                del mine[request_id]
+            mine = self.pending.get(peer.instance_id)
+            if mine:  # most views find nothing of ours unreported on most instances
+                seen = peer.offers_seen.get(self.instance_id, 0)
+                for request_id in [r for r, p in mine.items() if p.number <= seen]:
+                    del mine[request_id]
         for gone in (set(self.pending) | set(self.latest)) - set(listed):
             self.forget(gone)
         self.latest = listed

@@ -54,12 +54,15 @@ class Layout:
     # Step a decode instance's steady batch without planning it (simulator/steady.py): the same
     # result, several times faster; False plans every forward with the scheduler.
     steady_decode: bool = True
+    leap_steps: int = 64  # at most this many steady forwards planned at once (1: one at a time)
 
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
+        if self.leap_steps < 1:
+            raise ConfigError("leap_steps must be >= 1")
         if self.instance.transfer.granularity != "request":
             raise ConfigError("the simulator hands KV over per request (chunk-level: not yet)")
 
@@ -200,8 +203,12 @@ class SimCluster:
 
     # -- what the gateway streams ----------------------------------------------------------------
     def on_token(self, request_id: str, finish_reason: str | None) -> None:
+        self.on_token_at(request_id, finish_reason, self.loop.now)
+
+    def on_token_at(self, request_id: str, finish_reason: str | None, now: float) -> None:
+        """A token streamed at simulated time `now` (a steady leap absorbs its forwards after
+        their end)."""
         trace = self.traces[request_id]
-        now = self.loop.now
         if not trace.token_times:
             self.recent_ttfts.append(now - trace.request.arrival_s)
         trace.token_times.append(now)

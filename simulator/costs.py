@@ -111,6 +111,7 @@ class CostModel:
             raise ConfigError("cost model coefficients must be >= 0")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", [float(y) for _, y in self.base])
+        object.__setattr__(self, "_decode_rows", {})  # num_seqs -> base + sampled rows, memo
 
     # -- time of a forward ---------------------------------------------------------------------
     def base_s(self, num_tokens: int) -> float:
@@ -138,8 +139,11 @@ class CostModel:
     def decode_s(self, num_seqs: int, context: int) -> float:
         """`forward_s` of a plan of `num_seqs` one-token decodes after `context` cached tokens in
         all (the same terms in the same order, so the same float)."""
-        return (self.base_s(num_seqs) + self.per_sampled_row_s * num_seqs
-                + self.per_context_token_s * context + self.per_context_pair_s * context)
+        rows = self._decode_rows.get(num_seqs)
+        if rows is None:
+            rows = self._decode_rows[num_seqs] = (self.base_s(num_seqs)
+                                                  + self.per_sampled_row_s * num_seqs)
+        return rows + self.per_context_token_s * context + self.per_context_pair_s * context
 
     def prefill_s(self, num_tokens: int) -> float:
         """One fresh prompt of `num_tokens`, its first token sampled."""

@@ -45,12 +45,15 @@ class SimInstance:
         self.link_free_at = 0.0  # when the KV link into this instance is free again
         self.role: SimRole = ROLES[role](self)
         self.steady_decode = cluster.layout.steady_decode
+        self.leap: steady.Leap | None = None  # steady decode forwards in flight
 
     # -- the loop ------------------------------------------------------------------------------
     def deliver(self, kind: str, payload: object) -> None:
         """A message arrives; an idle instance takes a turn now (after every message due at this
         same moment has arrived, as the real loop drains its inbox before planning)."""
         self.inbox.append((kind, payload))
+        if self.leap is not None:
+            self._cut_leap()
         if not self.busy and not self._turn_due:
             self._turn_due = True
             self.loop.at(self.loop.now, self.turn)
@@ -64,10 +67,9 @@ class SimInstance:
         if self.steady_decode and self.role.name == "decode":
             step = steady.steady_batch(self.role.scheduler)
             if step is not None:
-                batch, context = step
-                seconds = self.costs.decode_s(len(batch), context)
+                self.leap = steady.Leap(self, *step, self.cluster.layout.leap_steps)
                 self.busy = True
-                self.loop.after(seconds, self._steady_done, batch, seconds)
+                self.loop.at(self.leap.end, self._leap_done, self.leap, 0)
                 return
         plan = self.role.schedule()
         if plan.is_empty:
@@ -86,13 +88,23 @@ class SimInstance:
         self.role.absorb(plan, self.sampled(plan))
         self.turn()
 
-    def _steady_done(self, batch: list, seconds: float) -> None:
-        """_forward_done for a forward of the steady fast path (simulator/steady.py)."""
-        self.busy_seconds += seconds
-        self.computed_tokens += len(batch)
-        self.num_forwards += 1
-        steady.absorb(self.role, batch)
+    def _leap_done(self, leap: steady.Leap, ticket: int) -> None:
+        """The last forward of a steady leap ended (an event of a leap cut short since is
+        stale)."""
+        if leap is not self.leap or ticket != leap.ticket:
+            return
+        leap.catch_up(self.loop.now)
+        self.leap = None
         self.turn()
+
+    def _cut_leap(self) -> None:
+        """A message arrived during a leap: it ends after the forward in flight."""
+        leap = self.leap
+        end = leap.end
+        leap.cut(self.loop.now)
+        if leap.end != end:
+            leap.ticket += 1
+            self.loop.at(leap.end, self._leap_done, leap, leap.ticket)
 
     def sampled(self, plan: BatchPlan) -> ModelOutput:
         """What the sampler returns: EOS for a request's last token, a filler token before."""
@@ -124,6 +136,8 @@ class SimInstance:
     # -- reports -------------------------------------------------------------------------------
     def stats(self) -> InstanceStats:
         """The load report the worker sends every report interval (common/engine/worker.py)."""
+        if self.leap is not None:
+            self.leap.catch_up(self.loop.now)
         kv = self.kv
         return InstanceStats(
             instance_id=self.instance_id, role=self.role.name, inbox=self.instance_id,

@@ -19,8 +19,10 @@ import json
 import platform
 import pstats
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from bench.machine import cpu_kind
 from common.config import GatewayConfig, RoutingConfig
 from simulator.cluster import Layout
 from simulator.hardware import hardware_costs
@@ -65,16 +67,31 @@ def top_functions(profile: cProfile.Profile, count: int = 12) -> list[str]:
             for (f, line, name), row in rows]
 
 
-def measure(num_instances: int, rate: float, duration_s: float, seed: int = 0,
-            with_profile: bool = False) -> dict:
-    requests = synthetic(int(rate * duration_s), rate, seed)
-    profile = cProfile.Profile() if with_profile else None
+def _run(num_instances: int, requests: list, seed: int, steady_decode: bool,
+         profile: cProfile.Profile | None = None) -> dict:
+    layout = replace(speed_layout(num_instances), steady_decode=steady_decode)
     if profile is not None:
         profile.enable()
-    report = simulate(speed_layout(num_instances), hardware_costs("h100-llama2-7b"), requests,
-                      seed=seed)
+    report = simulate(layout, hardware_costs("h100-llama2-7b"), requests, seed=seed)
     if profile is not None:
         profile.disable()
+    return report
+
+
+def _same_metrics(a: dict, b: dict) -> bool:
+    """Two reports of the same requests agree on everything the fast path may not change."""
+    def strip(report: dict) -> dict:
+        sim = {k: v for k, v in report["simulation"].items()
+               if k not in ("wall_s", "cpu_s", "simulated_s_per_wall_s", "events")}
+        return {**report, "simulation": sim}
+    return strip(a) == strip(b)
+
+
+def measure(num_instances: int, rate: float, duration_s: float, seed: int = 0,
+            with_profile: bool = False, baseline: bool = False) -> dict:
+    requests = synthetic(int(rate * duration_s), rate, seed)
+    profile = cProfile.Profile() if with_profile else None
+    report = _run(num_instances, requests, seed, True, profile)
     sim = report["simulation"]
     result = {
         "instances": num_instances, "rate": rate, "traffic_s": duration_s,
@@ -82,9 +99,17 @@ def measure(num_instances: int, rate: float, duration_s: float, seed: int = 0,
         "simulated_s": sim["simulated_s"], "wall_s": sim["wall_s"], "cpu_s": sim["cpu_s"],
         "simulated_s_per_wall_s": sim["simulated_s_per_wall_s"],
         "cpu_us_per_output_token": 1e6 * sim["cpu_s"] / max(report["total_output_tokens"], 1),
-        "events": sim["events"], "num_ok": report["num_ok"],
-        "machine": platform.processor() or platform.machine(),
+        "events": sim["events"], "forwards": sim["forwards"], "num_ok": report["num_ok"],
+        "machine": platform.processor() or platform.machine(), "cpu": cpu_kind(),
         "profiled": with_profile}
+    if baseline:  # the same requests with every forward planned by the scheduler
+        slow = _run(num_instances, requests, seed, False)
+        result["baseline_planned_every_forward"] = {
+            "cpu_s": slow["simulation"]["cpu_s"], "events": slow["simulation"]["events"],
+            "cpu_us_per_output_token": 1e6 * slow["simulation"]["cpu_s"]
+            / max(slow["total_output_tokens"], 1),
+            "same_report": _same_metrics(report, slow)}
+        result["speedup_cpu"] = slow["simulation"]["cpu_s"] / max(sim["cpu_s"], 1e-9)
     if profile is not None:
         result["time_by_package"] = time_by_package(profile)
         result["top_functions"] = top_functions(profile)
@@ -100,9 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cprofile", action="store_true",
                         help="profile (slows the run about 2x; the speed is then not the one "
                              "to report)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run the same requests with the steady-decode fast path off "
+                             "(every forward planned by the scheduler): its CPU time, the "
+                             "speed-up, and whether the two reports agree")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
     args = parser.parse_args(argv)
-    result = measure(args.instances, args.rate, args.duration, args.seed, args.cprofile)
+    result = measure(args.instances, args.rate, args.duration, args.seed, args.cprofile,
+                     args.baseline)
     for line in result.pop("top_functions", []):
         print(line)
     print(json.dumps(result, indent=1))
