@@ -6,7 +6,9 @@ window ends in an incomplete UTF-8 character (decoded as U+FFFD), so a multi-byt
 across tokens is emitted whole, once.
 
 `StopStringMatcher` finds stop strings in the accumulated text; while the text's tail could still
-become a stop string, that tail is held back from the stream.
+become a stop string, that tail is held back from the stream. As in vLLM, stop strings are not
+checked while the output is shorter than `min_tokens`: a stop string that ends in the text of
+those first tokens never stops the stream; one that ends in a later token's text does.
 """
 
 from __future__ import annotations
@@ -53,14 +55,19 @@ class StopStringMatcher:
         self.emitted = 0  # characters of `text` already released to the client
         self.stopped = False
 
-    def push(self, delta: str) -> str:
-        """Add text; return what can be released now. After a stop string, returns ""."""
+    def push(self, delta: str, check: bool = True) -> str:
+        """Add text; return what can be released now. After a stop string, returns "".
+        With `check` False the text is added but not searched: a match must end in text pushed
+        with `check` (min_tokens)."""
         if self.stopped or not delta:
             return ""
-        search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
+        start = len(self.text)
         self.text += delta
-        cut = min((i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0),
-                  default=-1)
+        if not check:
+            return self._release(len(self.text) - self._held_back())
+        # a match ends in the new text: it starts at most len(stop) - 1 characters before it
+        cut = min((i for i in (self.text.find(s, max(0, start - len(s) + 1)) for s in self.stop)
+                   if i >= 0), default=-1)
         if cut >= 0:
             self.stopped = True
             self.text = self.text[:cut]
@@ -88,19 +95,32 @@ class StopStringMatcher:
 
 
 class TextStream:
-    """One generation's text: incremental detokenization, then stop strings."""
+    """One generation's text: incremental detokenization, then stop strings, which count only
+    from the `min_tokens`-th output token on."""
 
-    def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: TextTokenizer, stop: tuple[str, ...], min_tokens: int = 0
+                 ) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringMatcher(stop)
+        self.min_tokens = min_tokens
+        self.num_tokens = 0  # output tokens pushed so far
 
     @property
     def stopped(self) -> bool:
         return self.stops.stopped
 
     def push(self, token_ids: list[int], finished: bool) -> str:
-        """New text to release; with `finished`, everything still held back too."""
-        text = self.stops.push(self.detokenizer.push(token_ids))
+        """New text to release (`token_ids`: the next output tokens); with `finished`,
+        everything still held back too."""
+        if self.num_tokens >= self.min_tokens:
+            self.num_tokens += len(token_ids)
+            text = self.stops.push(self.detokenizer.push(token_ids))
+        else:  # token by token until min_tokens: the check starts with that token's text
+            text = ""
+            for token in token_ids:
+                self.num_tokens += 1
+                text += self.stops.push(self.detokenizer.push([token]),
+                                        self.num_tokens >= self.min_tokens)
         if finished:
             text += self.stops.push(self.detokenizer.flush()) + self.stops.finish()
         return text

@@ -272,7 +272,7 @@ class Gateway:
 
     async def events(self, handle: RequestHandle) -> AsyncIterator[StreamEvent]:
         """Text deltas until the request finishes, fails, or times out."""
-        text = TextStream(self.tokenizer, handle.params.stop)
+        text = TextStream(self.tokenizer, handle.params.stop, handle.params.min_tokens)
         while not handle.finished:
             update = await self._next_update(handle)
             if update is None:

@@ -102,7 +102,7 @@ class LLMEngine:
         for index, (prompt, p) in enumerate(zip(prompts, params)):
             request_id = self.add_request(prompt, p, request_ids[index] if request_ids else None)
             results[request_id] = GenerationResult(request_id, list(prompt))
-            texts[request_id] = TextStream(self.tokenizer, p.stop)
+            texts[request_id] = TextStream(self.tokenizer, p.stop, p.min_tokens)
         while self.scheduler.has_work:
             for update in self.step():
                 self._absorb(update, results[update.seq_id], texts[update.seq_id], on_finish)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from common.detokenizer import IncrementalDetokenizer, StopStringMatcher, TextStream
 from common.tokenizer import TextTokenizer
 
 
@@ -73,3 +73,35 @@ def test_stop_string_spanning_pushes_and_finish_releases_tail():
     assert m.finish() == "<en"
     m2 = StopStringMatcher(("<end>",))
     assert m2.push("abc<e") + m2.push("nd>tail") == "abc" and m2.stopped
+
+
+def test_text_pushed_unchecked_never_stops_but_a_match_ending_later_does():
+    m = StopStringMatcher(("STOP", "ab"))
+    assert m.push("xx STOP ab", check=False) == "xx STOP ab" and not m.stopped
+    assert m.push(" more") == " more" and not m.stopped  # the old matches stay unmatched
+    m2 = StopStringMatcher(("STOP",))
+    assert m2.push("xx ST", check=False) == "xx "  # "ST" is held back all the same
+    assert m2.push("OP tail") == "" and m2.stopped  # a match ending in checked text stops
+
+
+def test_min_tokens_keeps_stop_strings_from_stopping_the_first_tokens(tokenizer):
+    ids = tokenizer.encode("one two one two one two")
+    word = tokenizer.encode(" two")
+    assert len(word) == 1 and ids.count(word[0]) == 3
+    cut_at = [i for i, t in enumerate(ids) if t == word[0]]  # positions of " two"
+
+    def run(min_tokens):
+        text = TextStream(tokenizer, (" two",), min_tokens)
+        out = ""
+        for i in range(0, len(ids), 2):  # updates of two tokens: arming happens mid-update
+            out += text.push(ids[i:i + 2], False)
+            if text.stopped:
+                return out, i
+        return out + text.push([], True), None
+
+    assert run(0)[0] == "one"  # the first " two" stops
+    # below min_tokens the first " two" (token 2) is not checked; the second (token 4) stops
+    assert run(cut_at[0] + 1)[0] == "one"  # min_tokens = 2: token 2 is already checked
+    assert run(cut_at[0] + 2)[0] == "one two one"
+    assert run(len(ids))[0] == "one two one two one"  # the last token is the first checked
+    assert run(len(ids) + 1)[0] == "one two one two one two"  # none checked
