@@ -17,10 +17,11 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from common.errors import InvalidRequestError
 from common.sampling_params import MAX_LOGPROBS, GuidedSpec, SamplingParams
+from control_plane.tools import ToolMessageFields, render_messages
 
 MAX_CHOICES = 16  # n and best_of: each choice is a sequence in the cluster
 MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap for the completions `logprobs`
@@ -262,34 +263,13 @@ class ContentPart(BaseModel):
     text: str
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: str
-    arguments: str
+class ChatMessage(ToolMessageFields):
+    """A message; its tool fields (`tool_calls`, `tool_call_id`, `name`) and their check
+    against the role are `control_plane.tools`'."""
 
-
-class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # assistant: the calls it made
-    tool_call_id: str | None = None  # tool: the call this result answers
-
-    @model_validator(mode="after")
-    def _tool_fields_fit_the_role(self):
-        if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
-        if self.role == "tool" and not self.tool_call_id:
-            raise ValueError("a tool message needs tool_call_id")
-        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -347,9 +327,7 @@ class ChatCompletionRequest(_CommonRequest):
 
     def template_messages(self) -> list[dict]:
         if any(m.tool_calls or m.tool_call_id for m in self.messages):
-            from control_plane.tools import render_messages  # a conversation with tool calls
-
-            return render_messages(self.messages)
+            return render_messages(self.messages)  # a conversation with tool calls
         return [{"role": m.role, "content": m.text()} for m in self.messages]
 
 

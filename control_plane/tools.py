@@ -95,6 +95,7 @@ class ToolRequestFields(BaseModel):
 
 
 class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # as every request model: no field ignored
     name: str
     arguments: str  # a JSON object, as text (as the model wrote it; not checked here)
 
@@ -102,7 +103,7 @@ class FunctionCall(BaseModel):
 class ToolCall(BaseModel):
     """One call in an assistant message the client sends back with the conversation."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
