@@ -44,6 +44,9 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
                      help="delay of control messages (requests, offers, acknowledgements)")
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
+    sim.add_argument("--plan-every-forward", action="store_true",
+                     help="no steady-decode fast path (simulator/steady.py): the scheduler "
+                          "plans every forward; the same result, several times slower")
     sim.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
     sim.add_argument("--slo-ttft-per-token", type=float, default=0.0, metavar="SECONDS",
                      help="goodput: added to the TTFT bound per prompt token")

@@ -67,7 +67,8 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
                      gateway: GatewayConfig) -> Layout:
     return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
                   instance=instance, gateway=gateway, link=args.link,
-                  message_latency_s=args.message_latency, flip_switch_s=args.flip_switch)
+                  message_latency_s=args.message_latency, flip_switch_s=args.flip_switch,
+                  steady_decode=not getattr(args, "plan_every_forward", False))
 
 
 def run_from_args(args: argparse.Namespace, instance: InstanceConfig,

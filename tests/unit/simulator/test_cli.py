@@ -27,6 +27,10 @@ def test_a_disaggregated_run_from_published_figures_and_its_saved_cost_model(tmp
     again = simulate(tmp_path, "--costs", str(tmp_path / "c.json"), "--prefill", "2",
                      "--decode", "2", "--local-prefill", "off")
     assert again["ttft_s"] == report["ttft_s"] and again["jct_s"] == report["jct_s"]
+    planned = simulate(tmp_path, "--costs", str(tmp_path / "c.json"), "--prefill", "2",
+                       "--decode", "2", "--local-prefill", "off", "--plan-every-forward")
+    assert planned["tbt_s"] == report["tbt_s"] and planned["jct_s"] == report["jct_s"]
+    assert planned["simulation"]["events"] > report["simulation"]["events"]  # no leaps
 
 
 def test_a_co_located_run_on_a_fitted_cpu_profile(tmp_path):
