@@ -41,7 +41,7 @@ SYSTEM_ARGS = {"disagg": DISAGG,
 class CompareOptions:
     systems: tuple[str, ...] = ("disagg", "vllm", "sarathi")
     custom: tuple[str, ...] = ()  # NAME=FLAGS for more `splitserve up` layouts
-    # sharegpt (first turns, EOS allowed), LPLD/LPHD/HPLD/HPHD/Mixed, or multiturn
+    # sharegpt (first turns, EOS allowed), LPLD/LPHD/HPLD/HPHD/Mixed/PhaseShift, or multiturn
     # (bench.multiturn: num_requests conversations, starting at `rate` per second)
     workload: str = "sharegpt"
     num_requests: int = 50
@@ -170,7 +170,14 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
         after = cluster.cluster()
         summary["cost"] = cost_report(summary, before, after, wall_seconds)
         summary["prefix_cache"] = prefix_report(before, after)
+        summary["flips"] = flips_during(before, after)
     return summary
+
+
+def flips_during(before: dict, after: dict) -> list[dict]:
+    """The role flips /cluster lists after the run and not before it (E16 counts them)."""
+    earlier = {f.get("flip_id") for f in before.get("flips") or []}
+    return [f for f in after.get("flips") or [] if f.get("flip_id") not in earlier]
 
 
 PREFIX_COUNTERS = ("query_tokens", "hit_tokens", "blocks_read", "blocks_skipped",
@@ -340,7 +347,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--system", action="append", default=[], metavar="NAME=FLAGS",
                         help="a custom layout: NAME and its `splitserve up` flags")
     parser.add_argument("--workload", default="sharegpt",
-                        help="sharegpt, LPLD, LPHD, HPLD, HPHD, Mixed or multiturn "
+                        help="sharegpt, LPLD, LPHD, HPLD, HPHD, Mixed, PhaseShift (LPHD then "
+                             "HPLD, half each) or multiturn "
                              "(--num-requests conversations starting at --rate per second)")
     parser.add_argument("--num-requests", type=int, default=50)
     parser.add_argument("--rate", type=float, default=2.0)

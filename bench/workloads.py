@@ -9,6 +9,9 @@ light (LD) otherwise. Token counts use the served model's tokenizer. The output 
 request is fixed: its ShareGPT reference reply's length, capped at `max_output_tokens`, and runs
 must send it with ignore-EOS so that every replay generates exactly the same number of tokens.
 Mixed is an equal share of the four classes (remainder to LPLD first), in seeded random order.
+PhaseShift (E16, static layout against flips) is a decode-heavy phase then a prefill-heavy one:
+the first half LPHD requests, the second half HPLD, in that order, so that a Poisson replay
+shifts the load from decode to prefill halfway.
 
 Filling heavy-prefill classes: first turns of ShareGPT rarely exceed 512 tokens with a short
 reply, so when first turns run out, later rounds of a conversation are used with their history:
@@ -31,6 +34,7 @@ from common.sharegpt import first_turns, load_split
 
 CLASSES = ("LPLD", "LPHD", "HPLD", "HPHD")
 WORKLOADS = CLASSES + ("Mixed",)
+PHASES = {"PhaseShift": ("LPHD", "HPLD")}  # a workload of classes in turn, half each
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,12 @@ def sample_workload(tokenizer: Tokenizer, workload: str, num_requests: int, seed
     turns), for tests and other corpora. Raises ConfigError when the data cannot fill a class,
     saying how many it found."""
     limits = limits or ClassThresholds()
+    if workload in PHASES:  # each phase sampled as its class; the classes share no request
+        first, second = PHASES[workload]
+        half = num_requests // 2
+        return (sample_workload(tokenizer, first, num_requests - half, seed, limits,
+                                conversations)
+                + sample_workload(tokenizer, second, half, seed, limits, conversations))
     quotas = class_quotas(workload, num_requests)
     if conversations is None:
         conversations = load_split()["bench"].conversations

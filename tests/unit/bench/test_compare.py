@@ -96,3 +96,13 @@ def test_prefix_report_counts_the_run_only_and_sums_instances():
                                "blocks_skipped": 4, "local_prefills": 3, "hit_rate": 0.5}
     assert "hit rate 50.0%, 3 local prefills, 4 of 4 blocks not read" in _prefix_line(
         {"prefix_cache": report})
+
+
+def test_flips_during_a_run_are_those_cluster_lists_only_after_it():
+    from bench.compare import flips_during
+
+    old = {"flip_id": "a", "to_role": "decode"}
+    new = {"flip_id": "b", "to_role": "prefill"}
+    assert flips_during({"flips": [old]}, {"flips": [old, new]}) == [new]
+    assert flips_during({"flips": None}, {"flips": [old]}) == [old]
+    assert flips_during({}, {}) == []

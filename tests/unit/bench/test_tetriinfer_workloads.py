@@ -64,6 +64,13 @@ def test_mixed_is_an_equal_share_in_seeded_order():
         {"LPLD": 2, "LPHD": 2, "HPLD": 2, "HPHD": 2}
 
 
+def test_phase_shift_is_decode_heavy_then_prefill_heavy_in_order():
+    requests = sample_workload(WordTokenizer(), "PhaseShift", 7, seed=0, limits=LIMITS,
+                               conversations=corpus())
+    assert [r.workload_class for r in requests] == ["LPHD"] * 4 + ["HPLD"] * 3
+    assert len({r.prompt for r in requests}) == 7
+
+
 def test_heavy_prefill_is_filled_from_conversation_history_when_first_turns_run_out():
     # no first turn is heavy, but the third round of this conversation carries 3 earlier turns
     long_chat = [turn("human", words(3)), turn("gpt", words(3)), turn("human", words(3)),
