@@ -292,7 +292,7 @@ BENCH_EXPERIMENTS = {
     "decode-experiments": "bench.decode_experiments", "soak": "bench.soak",
     "interference": "bench.interference", "prefix-repeat": "bench.prefix_repeat",
     "overload": "bench.overload", "stack-ceiling": "bench.stack_ceiling",
-    "guided-overhead": "bench.guided_overhead",
+    "guided-overhead": "bench.guided_overhead", "piggyback": "bench.piggyback",
 }
 
 
