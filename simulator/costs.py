@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from bisect import bisect_right
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from common.config import BANDWIDTH_PRESETS, ConfigError
@@ -144,6 +144,17 @@ class CostModel:
             rows = self._decode_rows[num_seqs] = (self.base_s(num_seqs)
                                                   + self.per_sampled_row_s * num_seqs)
         return rows + self.per_context_token_s * context + self.per_context_pair_s * context
+
+    def scaled(self, factor: float) -> CostModel:
+        """Every forward `factor` times as long (simulator.calibrate); transfers unchanged."""
+        if factor <= 0:
+            raise ConfigError("a cost model's scale factor must be > 0")
+        return replace(self, base=tuple((x, y * factor) for x, y in self.base),
+                       per_sampled_row_s=self.per_sampled_row_s * factor,
+                       per_context_token_s=self.per_context_token_s * factor,
+                       per_context_pair_s=self.per_context_pair_s * factor,
+                       notes=(*self.notes, (f"every forward scaled by {factor:.3f} "
+                                            "(calibrated to the serving stack)")))
 
     def prefill_s(self, num_tokens: int) -> float:
         """One fresh prompt of `num_tokens`, its first token sampled."""

@@ -195,19 +195,47 @@ def errors(real: dict, simulated: dict) -> dict:
 
 
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
-             out: Path) -> dict:
+             out: Path, calibration: dict | None = None) -> dict:
+    """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model."""
     costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
-    rate = case_rate(case, costs)
+    rate = case_rate(case, costs)  # from the profile as measured, calibrated or not
+    if calibration is not None:
+        costs = costs.scaled(calibration["factor"])
     requests, arrivals = bench_requests(case, num, rate)
     real = real_run(case, requests, arrivals, cache_dir, out / "logs")
     simulated = simulated_run(case, requests, arrivals, costs, cache_dir)
     result = {"case": asdict(case), "rate": rate, "num_requests": len(requests),
-              "profile": profile, "errors": errors(real["summary"], simulated["summary"]),
+              "profile": profile, "calibration": calibration and {
+                  k: v for k, v in calibration.items() if k != "tried"},
+              "errors": errors(real["summary"], simulated["summary"]),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{case.name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
+def calibrate_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
+                   out: Path) -> dict:
+    """simulator.calibrate on `case` (a held-out seed): the real run once, then the forward
+    scale that fits it; written as calibration-<case>.json."""
+    from simulator.calibrate import fit_factor
+
+    costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
+    rate = case_rate(case, costs)
+    requests, arrivals = bench_requests(case, num, rate)
+    real = real_run(case, requests, arrivals, cache_dir, out / "logs")
+    factor, tried = fit_factor(real["summary"], lambda k: simulated_run(
+        case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
+    fitted = simulated_run(case, requests, arrivals, costs.scaled(factor), cache_dir)
+    result = {"case": asdict(case), "factor": factor, "rate": rate, "profile": profile,
+              "errors_at_factor": errors(real["summary"], fitted["summary"]),
+              "uptime_before": real["uptime_before"], "uptime_after": real["uptime_after"],
+              "tried": tried}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"calibration-{case.name}.json").write_text(
+        json.dumps({**result, "real": real}, indent=1, default=str) + "\n")
     return result
 
 
@@ -232,17 +260,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="append", default=None, metavar="FILE",
                         help="profile record(s); a case uses the one measured with its thread "
                              "count (default: CACHE_DIR/profile.json)")
+    parser.add_argument("--calibration-seed", type=int, default=None,
+                        help="before the cases, run each chosen layout/workload/rate once at "
+                             "this (held-out) seed and scale the cost model to fit it "
+                             "(simulator.calibrate)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
     profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
+    calibrations: dict[tuple, dict] = {}
     for case in select(args.cases):
         if args.dry_run:
             costs, _ = profile_for(profiles, LAYOUTS[case.layout][1])
             print(f"{case.name}: {case_rate(case, costs):.2f} req/s")
             continue
+        key = (case.layout, case.workload, case.rate)
+        if args.calibration_seed is not None and key not in calibrations:
+            if args.calibration_seed in SEEDS:
+                raise ConfigError(f"the calibration seed must not be a case seed {SEEDS}")
+            calibrations[key] = calibrate_case(Case(*key, args.calibration_seed),
+                                               args.num_requests, profiles, args.cache_dir,
+                                               args.out)
+            print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.2f} "
+                  f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
-                                           args.out)), flush=True)
+                                           args.out, calibrations.get(key))), flush=True)
     return 0
 
 

@@ -85,3 +85,11 @@ def test_errors_are_relative_to_the_real_run_and_checked_against_targets():
     assert result["tpot_mean"]["within_target"]  # -2.5%
     assert result["jct_mean"]["relative_error"] is None and not result["jct_mean"]["within_target"]
     assert result["throughput_tokens"]["relative_error"] == pytest.approx(-0.1)
+
+
+def test_a_calibration_seed_must_be_held_out_from_the_cases():
+    from simulator.validate import main
+
+    with pytest.raises(ConfigError, match="calibration seed"):
+        main(["--cases", "1P1D:LPLD:low:0", "--calibration-seed", "1",
+              "--profile", str(RECORD)])
