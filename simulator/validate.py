@@ -28,6 +28,7 @@ import asyncio
 import fnmatch
 import itertools
 import json
+import math
 import subprocess
 import sys
 import time
@@ -194,15 +195,30 @@ def errors(real: dict, simulated: dict) -> dict:
     return result
 
 
+def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> dict | None:
+    """The real side of an earlier run of the same case (same rate and request count), to
+    simulate it again under another cost model without running it again."""
+    path = directory / f"{case.name}.json" if directory else None
+    if path is None or not path.is_file():
+        return None
+    earlier = json.loads(path.read_text())
+    if earlier["num_requests"] != num or not math.isclose(earlier["rate"], rate):
+        raise ConfigError(f"{path} ran {earlier['num_requests']} requests at "
+                          f"{earlier['rate']:.3f} req/s, not {num} at {rate:.3f}")
+    return earlier["real"]
+
+
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
-             out: Path, calibration: dict | None = None) -> dict:
-    """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model."""
+             out: Path, calibration: dict | None = None, real_from: Path | None = None) -> dict:
+    """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
+    with `real_from`, the real side is that directory's run of the case, if it has one."""
     costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
     rate = case_rate(case, costs)  # from the profile as measured, calibrated or not
     if calibration is not None:
         costs = costs.scaled(calibration["factor"])
     requests, arrivals = bench_requests(case, num, rate)
-    real = real_run(case, requests, arrivals, cache_dir, out / "logs")
+    real = earlier_real(case, rate, len(requests), real_from) or real_run(
+        case, requests, arrivals, cache_dir, out / "logs")
     simulated = simulated_run(case, requests, arrivals, costs, cache_dir)
     result = {"case": asdict(case), "rate": rate, "num_requests": len(requests),
               "profile": profile, "calibration": calibration and {
@@ -264,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="before the cases, run each chosen layout/workload/rate once at "
                              "this (held-out) seed and scale the cost model to fit it "
                              "(simulator.calibrate)")
+    parser.add_argument("--real-from", type=Path, default=None, metavar="DIR",
+                        help="take a case's real run from DIR/<case>.json when there (e.g. to "
+                             "simulate it again calibrated) instead of running it again")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
@@ -284,7 +303,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.2f} "
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
-                                           args.out, calibrations.get(key))), flush=True)
+                                           args.out, calibrations.get(key), args.real_from)),
+              flush=True)
     return 0
 
 

@@ -93,3 +93,16 @@ def test_a_calibration_seed_must_be_held_out_from_the_cases():
     with pytest.raises(ConfigError, match="calibration seed"):
         main(["--cases", "1P1D:LPLD:low:0", "--calibration-seed", "1",
               "--profile", str(RECORD)])
+
+
+def test_an_earlier_real_run_is_reused_only_for_the_same_rate_and_count(tmp_path):
+    from simulator.validate import Case, earlier_real
+
+    case = Case("sarathi", "LPLD", "low", 0)
+    assert earlier_real(case, 0.5, 40, tmp_path) is None and earlier_real(case, 0.5, 40, None) \
+        is None
+    (tmp_path / f"{case.name}.json").write_text(json.dumps(
+        {"num_requests": 40, "rate": 0.5, "real": {"summary": {"ttft_s": {"mean": 1.0}}}}))
+    assert earlier_real(case, 0.5, 40, tmp_path)["summary"]["ttft_s"]["mean"] == 1.0
+    with pytest.raises(ConfigError, match="not 40 at 0.600"):
+        earlier_real(case, 0.6, 40, tmp_path)
