@@ -212,14 +212,16 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
              out: Path, calibration: dict | None = None, real_from: Path | None = None) -> dict:
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
     with `real_from`, the real side is that directory's run of the case, if it has one."""
-    costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
-    rate = case_rate(case, costs)  # from the profile as measured, calibrated or not
-    if calibration is not None:
-        costs = costs.scaled(calibration["factor"])
+    measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
+    rate = case_rate(case, measured)  # from the profile as measured, calibrated or not
+    costs = measured.scaled(calibration["factor"]) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
         case, requests, arrivals, cache_dir, out / "logs")
     simulated = simulated_run(case, requests, arrivals, costs, cache_dir)
+    if calibration is not None:  # what the profile alone gave, beside the calibrated errors
+        calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (
+            simulated_run(case, requests, arrivals, measured, cache_dir)["summary"]))}
     result = {"case": asdict(case), "rate": rate, "num_requests": len(requests),
               "profile": profile, "calibration": calibration and {
                   k: v for k, v in calibration.items() if k != "tried"},
