@@ -326,7 +326,10 @@ def run_compare(options: CompareOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs = {name: run_system(name, options) for name in options.systems}
     results = {name: aggregate(r) for name, r in runs.items()}
-    report = {"options": asdict(options), "results": results, "runs": runs}
+    from bench.machine import cpu_kind
+
+    report = {"options": asdict(options), "machine": {"cpu": cpu_kind()}, "results": results,
+              "runs": runs}
     (out / "compare.json").write_text(json.dumps(report, indent=1))
     (out / "compare.md").write_text(table(results) + "\n")
     plot(results, out / "compare.png", f"{options.workload}: {options.num_requests} requests at "

@@ -212,5 +212,31 @@ def e14_rerun() -> list[str]:
                                                 f"{spread_text} (JCT mean)")]
 
 
-BUILDERS = {"E6": e6, "E9": e9, "E9-after": e9_after, "E12": e12, "E13": e13, "E14": e14,
-            "E14-vs": e14_vs, "E14-rerun": e14_rerun}
+# -- E2 decode-maximal cost ------------------------------------------------------------------------
+def e2() -> list[str]:
+    data = load("e2_piggyback/piggyback.json")
+    header = ["forward shape", "per prefill token (ms)", "per decode token alone (ms)",
+              "per decode token piggybacked (ms)", "decode speed-up, mean (range)"]
+    if data is None:
+        return table(header, [[NO_DATA, "", "", "", ""]])
+    body = []
+    for name, s in data["summary"].items():
+        shape, speed = data["shapes"][name], s["speedup"]
+        label = (f"{shape['chunk']}-token chunk + {shape['decodes']} decodes of "
+                 f"{shape['context']} (decode-only batch {shape['decode_only_batch']})")
+        body.append([label,
+                     f"{s['per_prefill_token_ms']['mean']:.2f}",
+                     f"{s['per_decode_token_alone_ms']['mean']:.2f}",
+                     f"{s['per_decode_token_piggybacked_ms']['mean']:.2f}",
+                     f"{speed['mean']:.1f}x ({speed['min']:.1f}-{speed['max']:.1f})"
+                     if speed else "-"])
+    runs = data["options"]["runs"]
+    return [*table(header, body), "", data_line(
+        ["e2_piggyback"], f"{runs} per shape, each forward the median of "
+        f"{data['options']['repeats']}", "- (no sampling)",
+        f"the range of the speed-up over the {runs} runs; {data['dtype']}, "
+        f"{data['threads']} threads")]
+
+
+BUILDERS = {"E2": e2, "E6": e6, "E9": e9, "E9-after": e9_after, "E12": e12, "E13": e13,
+            "E14": e14, "E14-vs": e14_vs, "E14-rerun": e14_rerun}

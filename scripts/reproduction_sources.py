@@ -39,6 +39,7 @@ SESSIONS = {
     5: (ZEN4, "fifth session, 2026-11-26 14:40-15:50 UTC, bf16 matmul 378-433 GFLOP/s"),
     6: (XEON, "sixth session, 2026-11-26, committed 19:14-19:38 UTC"),
     7: (ZEN5, "a session of 2026-11-27, committed 04:43 UTC"),
+    8: (AVX2, "a session of 2026-11-27, 08:55-11:55 UTC (family 25, Zen 3)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -57,7 +58,7 @@ HOSTS = {
     **{f"compare_vllm_cpu_zen4_s5_run{n}": 5 for n in range(1, 5)},
     "compare_sarathi_ablation_hphd": 5,
     "length_predictor/sixth-session": 6,
-    "decode_inter_current": 7,
+    "decode_inter_current": 7, "compare_phase_shift": 8,
 }
 
 

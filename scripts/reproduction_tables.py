@@ -196,12 +196,31 @@ def e17_rate5() -> list[str]:
     return compare_region("system", rows, FASTSERVE_COLS, "norm. latency mean")
 
 
+PHASE = {"static-2P1D": "static 2P+1D", "flips-2P1D": "2P+1D with load-ratio flips"}
+PHASE_COLS = [Col("TTFT mean (ms)", "TTFT mean"), Col("TTFT p99", "TTFT p99"),
+              Col("TPOT p50 (ms)", "TPOT p50", 1), Col("TBT p99", "TBT p99"),
+              Col("JCT mean (s)", "JCT mean", 2, 1e-3), Col("output tok/s", "output tok/s", 1)]
+
+
+def e16() -> list[str]:
+    rows = [(label, "compare_phase_shift", s) for s, label in PHASE.items()]
+    lines = compare_region("layout", rows, PHASE_COLS, "JCT mean")
+    run = compare("compare_phase_shift")
+    if run is not None and all(run.has(s) for s in PHASE):
+        flips = "; ".join(f"{PHASE[s]}: " + ", ".join(str(len(r.get("flips", [])))
+                                                     for r in run.runs(s)) for s in PHASE)
+        jct = "; ".join(f"{PHASE[s]}: " + ", ".join(f"{r['jct_s']['mean']:.1f}"
+                                                   for r in run.runs(s)) for s in PHASE)
+        lines += ["", f"Flips per seed: {flips}. JCT mean per seed (s): {jct}."]
+    return lines
+
+
 BUILDERS = {
     "glance": glance.build, "hosts": glance.hosts,
     "vllm-s2": vllm_s2, "vllm-s2-budget": vllm_s2_budget, "vllm-s5": vllm_s5,
     "vllm-s5-seeds": vllm_s5_seeds, "vllm-s4": vllm_s4, "vllm-s4-rerun": vllm_s4_rerun,
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
-    "E17": e17, "E17-rate5": e17_rate5, **experiments.BUILDERS,
+    "E17": e17, "E17-rate5": e17_rate5, "E16": e16, **experiments.BUILDERS,
 }
 
 
