@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from common.errors import InvalidRequestError
 from common.sampling_params import MAX_LOGPROBS, GuidedSpec, SamplingParams
@@ -284,9 +284,12 @@ _CHAT_REFUSED = {"audio": None, "function_call": None, "functions": None, "metad
                  "service_tier": "auto", "store": False, "verbosity": None,
                  "web_search_options": None, "prompt_cache_key": None,
                  "safety_identifier": None}
+# Each refused field accepted as anything, so `unsupported` can name it (declared once, here).
+_ChatRefusedFields = create_model("_ChatRefusedFields", __base__=_CommonRequest,
+                                  **{name: (Any, None) for name in _CHAT_REFUSED})
 
 
-class ChatCompletionRequest(_CommonRequest):
+class ChatCompletionRequest(_ChatRefusedFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -294,19 +297,6 @@ class ChatCompletionRequest(_CommonRequest):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    audio: Any = None
-    function_call: Any = None
-    functions: Any = None
-    metadata: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    service_tier: Any = None
-    store: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
-    prompt_cache_key: Any = None
-    safety_identifier: Any = None
 
     def unsupported(self) -> None:
         for name, default in _CHAT_REFUSED.items():
