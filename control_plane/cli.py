@@ -8,6 +8,7 @@ print one line on stderr and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -199,45 +200,40 @@ def _add_bench(sub) -> None:
     p.set_defaults(handler=_cmd_bench)
 
 
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator.cli import run_from_args
+def _simulator_command(sub, name: str, help_text: str, add_own: str, module: str,
+                       counts: bool = False) -> None:
+    """`simulate` and `plan`: `up`'s cluster flags plus their own (simulator.args.`add_own`,
+    argparse only: building the parser stays light); the handler builds the configs as `up`
+    does and calls `module`.run_from_args."""
+    from simulator import args as simulator_args
 
-    return run_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    p = sub.add_parser(name, help=help_text)
+    add_gateway_args(p)
+    if counts:
+        p.add_argument("--prefill", type=int, default=1, help="prefill instances")
+        p.add_argument("--decode", type=int, default=1, help="decode instances")
+        p.add_argument("--coupled", type=int, default=0, help="coupled instances (see --policy)")
+    add_store_args(p)
+    add_instance_args(p)
+    add_engine_args(p)
+    getattr(simulator_args, add_own)(p)
+
+    def handler(args: argparse.Namespace) -> int:
+        run_from_args = importlib.import_module(module).run_from_args
+        return run_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    p.set_defaults(handler=handler)
 
 
 def _add_simulate(sub) -> None:
-    from simulator.args import add_simulate_args  # argparse only: building the parser stays light
-
-    p = sub.add_parser("simulate", help="discrete-event simulation of a cluster (the real "
-                                        "policies, a profiled cost model); `up`'s flags")
-    add_gateway_args(p)
-    p.add_argument("--prefill", type=int, default=1, help="prefill instances")
-    p.add_argument("--decode", type=int, default=1, help="decode instances")
-    p.add_argument("--coupled", type=int, default=0, help="coupled instances (see --policy)")
-    add_store_args(p)
-    add_instance_args(p)
-    add_engine_args(p)
-    add_simulate_args(p)
-    p.set_defaults(handler=_cmd_simulate)
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from simulator.plan_cli import run_from_args
-
-    return run_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    _simulator_command(sub, "simulate", "discrete-event simulation of a cluster (the real "
+                       "policies, a profiled cost model); `up`'s flags", "add_simulate_args",
+                       "simulator.cli", counts=True)
 
 
 def _add_plan(sub) -> None:
-    from simulator.args import add_plan_args  # argparse only: building the parser stays light
-
-    p = sub.add_parser("plan", help="simulate candidate layouts for an instance budget and "
-                                    "recommend one by goodput; `up`'s flags are the base")
-    add_gateway_args(p)
-    add_store_args(p)
-    add_instance_args(p)
-    add_engine_args(p)
-    add_plan_args(p)
-    p.set_defaults(handler=_cmd_plan)
+    _simulator_command(sub, "plan", "simulate candidate layouts for an instance budget and "
+                       "recommend one by goodput; `up`'s flags are the base", "add_plan_args",
+                       "simulator.plan_cli")
 
 
 _PREDICTOR_COMMANDS = {
