@@ -211,10 +211,7 @@ class Api:
             return whole_response(self, run, builder, body, prepared)
         text, last = result
         if last is None or last.error:
-            if last is not None and last.bad_request:
-                return error_response(400, last.error, "invalid_request_error")
-            return error_response(500, (last.error if last else None) or "no output",
-                                  "server_error")
+            return failed_response(last)
         return JSONResponse(builder.response(text, last.finish_reason,
                                              usage(last.num_prompt_tokens,
                                                    last.num_output_tokens)))
@@ -244,17 +241,26 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
     return ErrorResponse(error_body(message, kind, param, status), status_code=status)
 
 
+def failure(event) -> tuple[int, str, str]:
+    """(status, message, error type) of a generation that failed (or gave nothing: `event`
+    None): the request's own fault is a 400, anything else the cluster's 500."""
+    if event is not None and event.bad_request:
+        return 400, event.error, "invalid_request_error"
+    return 500, (event.error if event else None) or "no output", "server_error"
+
+
 def stream_error(event) -> dict:
-    """An error event in a stream: the request's own fault (400) or the cluster's (500)."""
-    if event.bad_request:
-        return error_body(event.error, "invalid_request_error", None, 400)
-    return error_body(event.error, "server_error", None, 500)
+    """An error event in a stream."""
+    status, message, kind = failure(event)
+    return error_body(message, kind, None, status)
 
 
-def job_errors(jobs: list[Job]) -> tuple[str, bool] | None:
-    """The first failed job's (error, the request's own fault), or None."""
-    for job in jobs:
-        if job.last is None or job.last.error:
-            return ((job.last.error if job.last else None) or "no output",
-                    bool(job.last and job.last.bad_request))
-    return None
+def failed_response(event) -> ErrorResponse:
+    """The error response of a whole (non-streamed) request."""
+    status, message, kind = failure(event)
+    return error_response(status, message, kind)
+
+
+def failed_job(jobs: list[Job]) -> Job | None:
+    """The first job that failed or gave nothing, or None."""
+    return next((job for job in jobs if job.last is None or job.last.error), None)

@@ -112,13 +112,11 @@ def _chosen(jobs: list[Job], body) -> list[Job]:
 
 
 def whole_response(api, run: FanOut, builder: ResponseBuilder, body, prepared) -> JSONResponse:
-    from control_plane.serving import error_response, job_errors
+    from control_plane.serving import failed_job, failed_response
 
-    problem = job_errors(run.jobs)
-    if problem:
-        error, bad_request = problem
-        return (error_response(400, error, "invalid_request_error") if bad_request else
-                error_response(500, error, "server_error"))
+    failed = failed_job(run.jobs)
+    if failed is not None:
+        return failed_response(failed.last)
     choices = [_choice(api, builder, body, prepared, job) for job in _chosen(run.jobs, body)]
     choices.sort(key=lambda c: c["index"])
     return JSONResponse(builder.response_of(choices, _usage(run.jobs)))
