@@ -26,6 +26,7 @@ from pathlib import Path
 from bench import multiturn
 from bench.client import run_load
 from bench.cluster import ClusterProcess
+from bench.machine import cpu_kind
 from bench.metrics import cost_report, run_duration, summarize
 from bench.run import BenchOptions, add_multiturn_args, load_tokenizer, multiturn_fields
 from bench.workload import poisson_arrivals, sample_sharegpt_requests
@@ -326,8 +327,6 @@ def run_compare(options: CompareOptions) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs = {name: run_system(name, options) for name in options.systems}
     results = {name: aggregate(r) for name, r in runs.items()}
-    from bench.machine import cpu_kind
-
     report = {"options": asdict(options), "machine": {"cpu": cpu_kind()}, "results": results,
               "runs": runs}
     (out / "compare.json").write_text(json.dumps(report, indent=1))

@@ -196,7 +196,6 @@ class SimDecode(SimRole):
         self.offers_seen: dict[str, int] = {}
         self.finished = {"heavy": 0, "light": 0}
         self.num_local_prefills = 0
-        self.grow_due = False  # a steady forward left a sequence a block short (simulator.steady)
 
     def handle(self, kind, payload) -> None:
         if kind == "offer":

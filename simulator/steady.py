@@ -91,10 +91,12 @@ def forwards_to_finish(seq: Sequence, length: int) -> int:
     return max(min(ends), done + 1) - done
 
 
-def absorb_step(role: SimDecode, batch: list[Sequence], when: float) -> list[Sequence]:
+def absorb_step(role: SimDecode, batch: list[Sequence], when: float
+                ) -> tuple[list[Sequence], bool]:
     """`DecodeScheduler.update_from_output` for one decode forward of `batch` ending at `when`,
-    then `SimDecode.absorb`'s reports; returns the sequences that finished (predictions are
-    moved on by `move_predictions`)."""
+    then `SimDecode.absorb`'s reports; returns the sequences that finished, and whether some
+    sequence's next token may start a block (`grow_step` is due). Predictions are moved on by
+    `move_predictions`."""
     scheduler, cluster = role.scheduler, role.cluster
     kv = scheduler.kv
     if scheduler.swap is not None:
@@ -102,7 +104,7 @@ def absorb_step(role: SimDecode, batch: list[Sequence], when: float) -> list[Seq
     lengths, on_token = cluster.output_lengths, cluster.on_token_at
     hashes = kv._hashes if kv.prefix_caching else None
     capacity = kv.block_size
-    finished = []
+    finished, grows = [], False
     for seq in batch:
         token_ids = seq.token_ids
         num_computed = len(token_ids)
@@ -111,7 +113,7 @@ def absorb_step(role: SimDecode, batch: list[Sequence], when: float) -> list[Seq
         if hashes is not None and len(hashes.get(seq.seq_id, ())) < num_computed // capacity:
             kv.cache_computed(seq.seq_id, token_ids, num_computed)
         if num_computed % capacity == 0:  # its next token starts a block (grow_step checks)
-            role.grow_due = True
+            grows = True
         num_output = num_computed - seq.num_prompt_tokens
         seq.append_token(EOS_TOKEN if num_output + 1 >= lengths[seq.seq_id] else FILLER_TOKEN)
         if seq.status >= FINISHED:
@@ -124,7 +126,7 @@ def absorb_step(role: SimDecode, batch: list[Sequence], when: float) -> list[Seq
                 role.finished["heavy" if heavy else "light"] += 1
         else:
             on_token(seq.seq_id, None, when)
-    return finished
+    return finished, grows
 
 
 def move_predictions(scheduler: DecodeScheduler) -> None:
@@ -207,15 +209,14 @@ class Leap:
             inst.busy_seconds += self.seconds[step]
             inst.computed_tokens += len(self.batch)
             inst.num_forwards += 1
-            finished = absorb_step(self.role, self.batch, self.times[step])
+            finished, grows = absorb_step(self.role, self.batch, self.times[step])
             self.done += 1
             if self.ends and [s.seq_id for s in finished] != self.ends.get(self.done, []):
                 raise AssertionError(f"the leap mispredicted which sequences forward "
                                      f"{self.done} finishes")
             if finished:
                 self.batch = [s for s in self.batch if not s.is_finished]
-            if self.done < self.num_steps and self.role.grow_due:
-                self.role.grow_due = False
+            if self.done < self.num_steps and grows:
                 grow_step(scheduler, self.batch)
         move_predictions(scheduler)
 
