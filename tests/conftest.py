@@ -29,6 +29,10 @@ def _has_cuda() -> bool:
 if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# One C++ kernel build for the whole run (common/engine/cpu_kernels.py): tests that give a
+# command a fresh --cache-dir would otherwise compile the kernels again (~45 s each on 2 cores).
+os.environ.setdefault("SPLITSERVE_KERNEL_DIR", str(Path(CACHE_DIR).expanduser() / "kernels"))
+
 
 def pytest_collection_modifyitems(config, items):
     if _has_cuda():

@@ -6,6 +6,10 @@ build from another CPU generation must not be reused). A finished build is impor
 without ninja or a compiler; only a missing build is compiled (about 30 seconds on 2 cores, once
 per machine; concurrent processes wait for one build). Without a compiler the engine runs on
 torch ops alone, slower, after one warning line.
+
+Builds live under CACHE_DIR/kernels, or under SPLITSERVE_KERNEL_DIR when set (as
+TORCH_EXTENSIONS_DIR does for torch): runs that each use their own --cache-dir (profiles per
+thread count, validation cases, the tests' fresh caches) then share one build per machine.
 """
 
 from __future__ import annotations
@@ -42,10 +46,12 @@ def _cpu_flags() -> str:
 
 
 def build_dir(cache_dir: Path) -> Path:
+    root = os.environ.get("SPLITSERVE_KERNEL_DIR")
+    root = Path(root).expanduser() if root else cache_dir / "kernels"
     sources = b"".join(path.read_bytes() for path in [SOURCE, *HEADERS])
     key = sources + " ".join(CFLAGS).encode() + _cpu_flags().encode()
     digest = hashlib.sha256(key).hexdigest()[:12]
-    return cache_dir / "kernels" / f"torch{torch.__version__.replace('+', '_')}-{digest}"
+    return root / f"torch{torch.__version__.replace('+', '_')}-{digest}"
 
 
 def _import_built(directory: Path):

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from common.config import EngineConfig
 from common.engine.llm_engine import LLMEngine, check_fits
 from common.errors import InvalidRequestError
+from common.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,23 @@ def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
     return collected
 
 
+def sampling(options: GenerateOptions, eos_token_ids=()) -> SamplingParams:
+    return SamplingParams(
+        eos_token_ids=eos_token_ids, max_tokens=options.max_tokens,
+        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
+        seed=options.seed, ignore_eos=options.ignore_eos, stop=options.stop)
+
+
 def run_generate(config: EngineConfig, prompts: list[str], options: GenerateOptions,
                  as_json: bool) -> list[dict]:
+    sampling(options).validate()  # a bad flag fails before the model loads
     engine = LLMEngine(config)
     try:
         tokenizer = engine.tokenizer
         encode = ((lambda p: tokenizer.encode_chat([{"role": "user", "content": p}]))
                   if options.chat else tokenizer.encode)
         token_lists = [encode(p) for p in prompts]
-        params = engine.default_params(
-            max_tokens=options.max_tokens, temperature=options.temperature, top_p=options.top_p,
-            top_k=options.top_k, seed=options.seed, ignore_eos=options.ignore_eos,
-            stop=options.stop)
+        params = sampling(options, tokenizer.eos_token_ids)
         for index, tokens in enumerate(token_lists):
             try:
                 check_fits(len(tokens), params.validate(), engine.max_model_len, engine.kv)

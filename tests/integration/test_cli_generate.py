@@ -73,6 +73,9 @@ def test_no_prompts():
     assert_one_line_error(run_cli("generate"), "no prompts")
 
 
-@pytest.mark.parametrize("flag,value", [("--max-tokens", "0"), ("--top-p", "0")])
-def test_bad_sampling_values(flag, value):
-    assert_one_line_error(run_cli("generate", "--prompt", "x", flag, value), "prompt 1")
+@pytest.mark.parametrize("flag,value,error", [("--max-tokens", "0", "max_tokens must be"),
+                                              ("--top-p", "0", "top_p must be in (0, 1]")])
+def test_bad_sampling_values(flag, value, error, tmp_path):
+    # refused before any model loads: this model directory does not exist
+    assert_one_line_error(run_cli("generate", "--prompt", "x", flag, value, "--model",
+                                  str(tmp_path / "none")), error)

@@ -193,7 +193,7 @@ def test_redis_restart_during_load(tmp_path, tiny):
         # Long enough to outlast the restart (60 requests of 40-80 tokens: the faster kernels
         # finished the load while Redis was down).
         loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
-            [cluster.url], 150, model, concurrency=10, max_tokens=(200, 400)))))
+            [cluster.url], 80, model, concurrency=10, max_tokens=(200, 400)))))
         loader.start()
         time.sleep(0.5)
         server.kill()
@@ -201,7 +201,7 @@ def test_redis_restart_during_load(tmp_path, tiny):
         server.start()
         assert loader.is_alive(), "the load ended before Redis came back"
         loader.join()
-        assert _check_outcomes(results["out"], allow_errors=False) == (150, 0)
+        assert _check_outcomes(results["out"], allow_errors=False) == (80, 0)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and httpx.get(cluster.url + "/health").status_code != 200:
             time.sleep(0.2)
