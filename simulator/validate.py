@@ -108,24 +108,35 @@ def profile_for(records: list[tuple[str, dict]], threads: int) -> tuple[CostMode
                    "fit_max_abs_relative_error": costs.fit.get("max_abs_relative_error")}
 
 
-def case_rate(case: Case, costs: CostModel) -> float:
+def capacity(workload: str, costs: CostModel) -> float:
+    """The machine's idealized capacity for `workload` on `costs` (simulator.study.anchor_rate
+    x its cores), in requests per second: the scale the cases' rates are fractions of."""
     from common.config import InstanceConfig
     from simulator import pools
     from simulator.plan_cli import STUDY_POOLS
     from simulator.study import anchor_rate, workload_pairs
 
-    pairs = workload_pairs(pools.load(STUDY_POOLS), case.workload)
-    capacity = anchor_rate(costs, pairs, InstanceConfig().engine.batch.max_num_seqs) * CORES
-    return RATES[case.rate] * capacity
+    pairs = workload_pairs(pools.load(STUDY_POOLS), workload)
+    return anchor_rate(costs, pairs, InstanceConfig().engine.batch.max_num_seqs) * CORES
+
+
+def case_rate(case: Case, costs: CostModel) -> float:
+    return RATES[case.rate] * capacity(case.workload, costs)
 
 
 def bench_requests(case: Case, num: int, rate: float) -> tuple[list, list[float]]:
+    return workload_requests(case.workload, num, rate, case.seed)
+
+
+def workload_requests(workload: str, num: int, rate: float,
+                      seed: int) -> tuple[list, list[float]]:
+    """bench's requests of a TetriInfer class at `seed` and their Poisson arrival offsets."""
     from bench.run import BenchOptions, load_tokenizer
     from bench.workload import poisson_arrivals
     from bench.workloads import sample_workload
 
-    requests = sample_workload(load_tokenizer(BenchOptions()), case.workload, num, case.seed)
-    return requests, poisson_arrivals(len(requests), rate, case.seed)
+    requests = sample_workload(load_tokenizer(BenchOptions()), workload, num, seed)
+    return requests, poisson_arrivals(len(requests), rate, seed)
 
 
 def uptime() -> str:
@@ -134,15 +145,22 @@ def uptime() -> str:
 
 def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
              log_dir: Path) -> dict:
-    """`splitserve up` with the case's layout, two warm-up requests, then the load."""
+    flags, threads = LAYOUTS[case.layout]
+    return run_for_real(case.name, list(flags), threads, requests, arrivals, cache_dir,
+                        log_dir)[0]
+
+
+def run_for_real(name: str, flags: list[str], threads: int, requests: list,
+                 arrivals: list[float], cache_dir: str, log_dir: Path) -> tuple[dict, list]:
+    """`splitserve up FLAGS`, two warm-up requests, then the load: the run's summary and
+    per-request figures, and bench's records (token times included)."""
     from bench.client import run_load
     from bench.cluster import ClusterProcess
     from bench.metrics import run_duration, summarize
 
-    flags, threads = LAYOUTS[case.layout]
     args = [*flags, "--threads-per-instance", str(threads), "--cache-dir", cache_dir]
     before = uptime()
-    cluster = ClusterProcess(args, log_dir / f"{case.name}.log")
+    cluster = ClusterProcess(args, log_dir / f"{name}.log")
     try:
         model = cluster.model()
         asyncio.run(run_load(cluster.url, model, requests[:2], [0.0, 0.0], ignore_eos=True,
@@ -157,27 +175,33 @@ def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
     per_request = [{"ttft_s": r.ttft, "jct_s": r.jct, "output_tokens": r.output_tokens,
                     "error": r.error} for r in records]
     return {"up_args": args, "summary": summary, "wall_s": wall, "per_request": per_request,
-            "uptime_before": before, "uptime_after": uptime()}
+            "uptime_before": before, "uptime_after": uptime()}, records
 
 
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
                   cache_dir: str) -> dict:
     """The same flags through `splitserve simulate`'s parser, the same requests."""
-    from control_plane.cli import build_parser
-    from control_plane.cli_args import cluster_instance_config, gateway_config
-    from simulator.cli import layout_from_args
     from simulator.run import report, run_cluster
     from simulator.workload import from_bench
 
-    args = build_parser().parse_args(["simulate", *LAYOUTS[case.layout][0],
-                                      "--cache-dir", cache_dir])
-    layout = layout_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    layout = flags_layout(list(LAYOUTS[case.layout][0]), cache_dir)
     cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
     traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
     per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
                     "jct_s": t.finish - t.request.arrival_s, "output_tokens": len(t.token_times),
                     "error": t.error} for t in traces]
     return {"summary": report(cluster, wall, cpu), "per_request": per_request}
+
+
+def flags_layout(flags: list[str], cache_dir: str):
+    """The simulator's Layout of `splitserve up FLAGS`: the flags through `splitserve
+    simulate`'s parser, which builds the configs as `up` does."""
+    from control_plane.cli import build_parser
+    from control_plane.cli_args import cluster_instance_config, gateway_config
+    from simulator.cli import layout_from_args
+
+    args = build_parser().parse_args(["simulate", *flags, "--cache-dir", cache_dir])
+    return layout_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
 
 
 def lookup(summary: dict, path: tuple[str, str]) -> float | None:

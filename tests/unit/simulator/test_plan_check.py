@@ -1,0 +1,44 @@
+"""simulator.plan_check: a candidate's `splitserve up` flags build, through `splitserve
+simulate`'s parser, the very layout `splitserve plan` simulates for it (so the real run checks
+the plan's own candidate), and the paired verdict on goodput per seed."""
+
+from __future__ import annotations
+
+import pytest
+
+from control_plane.cli import build_parser
+from control_plane.cli_args import cluster_instance_config, gateway_config
+from simulator.plan import candidates, layout
+from simulator.plan_check import candidate_flags, verdict
+from simulator.validate import flags_layout
+
+FOUND = candidates(4, (0.25, 0.5), ("vllm", "sarathi"), flip_policies=("none", "load-ratio"),
+                   chunk_sizes=(None, 256), admissions=("greedy", "reserve-static"))
+
+
+@pytest.mark.parametrize("candidate", FOUND, ids=lambda c: f"{c.label}-{c.chunk_size}-"
+                                                           f"{c.admission}")
+def test_flags_build_the_layout_plan_simulates(candidate, tmp_path):
+    args = build_parser().parse_args(["simulate", "--local-prefill", "off",
+                                      "--cache-dir", str(tmp_path)])
+    planned = layout(candidate, cluster_instance_config(args), gateway_config(args, 0))
+    from_flags = flags_layout(candidate_flags(candidate), str(tmp_path))
+    assert (from_flags.num_prefill, from_flags.num_decode, from_flags.num_coupled) == (
+        candidate.num_prefill, candidate.num_decode, candidate.num_coupled)
+    assert from_flags.instance == planned.instance
+    assert from_flags.gateway == planned.gateway
+
+
+def test_candidates_differ_in_their_flags():
+    assert len({tuple(candidate_flags(c)) for c in FOUND}) == len(FOUND)
+
+
+def rows(*per_seed):
+    return [{"goodput_per_instance": {"per_seed": list(values)}} for values in per_seed]
+
+
+def test_verdict_needs_every_seed():
+    assert verdict(*rows((3, 2, 5), (1, 1, 4))) == "better"
+    assert verdict(*rows((1, 1, 4), (3, 2, 5))) == "worse"
+    assert verdict(*rows((3, 1, 5), (1, 2, 4))) == "not distinguishable"
+    assert verdict(*rows((3, 2, 5), (3, 1, 4))) == "not distinguishable"
