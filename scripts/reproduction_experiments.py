@@ -1,5 +1,5 @@
 """Per-experiment tables of docs/reproduction.md that are not plain compare runs: E6, E9, E12,
-E13 and E14 (for scripts/reproduction_tables.py).
+E13, E14 and E14 with the whole TetriInfer (for scripts/reproduction_tables.py).
 
 This module owns how those tables read their JSON and the paper's numbers printed beside ours
 (from ../shared/reference/seed-papers.md; they are the papers', not data of ours).
@@ -212,6 +212,56 @@ def e14_rerun() -> list[str]:
                                                 f"{spread_text} (JCT mean)")]
 
 
+# -- E14 with the whole TetriInfer (issue 21) --------------------------------------------------------
+WHOLE = {w: f"compare_tetriinfer_{w}" for w in ("LPHD", "Mixed")}
+WHOLE_SYSTEMS = ("tetriinfer", "disagg", "vllm", "vllm-1t")
+
+
+def _per_seed(run, system: str, key: str) -> list[float]:
+    return [r[key]["mean"] for r in run.runs(system)]
+
+
+def _whole_row(w: str, run, s: str) -> list:
+    if run is None or not run.has(s):
+        return [w, s, NO_DATA, "", "", "", "", "", "", ""]
+    flips = [len(r.get("flips") or []) for r in run.runs(s)]
+    return [w, s, pm(run.mean(s, "TTFT mean"), run.std(s, "TTFT mean")),
+            num(run.mean(s, "TTFT p99")),
+            pm(run.mean(s, "JCT mean") / 1e3, run.std(s, "JCT mean") / 1e3, 2),
+            num(run.mean(s, "output tok/s"), 1), num(run.mean(s, "perf/$"), 1),
+            num(run.mean(s, "perf/$ busy"), 1), ", ".join(map(str, flips)),
+            run.data["results"][s]["errors"]]
+
+
+def _whole_vs(run, base: str) -> str:
+    """tetriinfer against `base`: TTFT and JCT changes, "(n.d.)" where the seeds overlap."""
+    if run is None or not (run.has("tetriinfer") and run.has(base)):
+        return NO_DATA
+    cells = []
+    for label, key, metric in (("TTFT", "ttft_s", "TTFT mean"), ("JCT", "jct_s", "JCT mean")):
+        a, b = _per_seed(run, "tetriinfer", key), _per_seed(run, base, key)
+        cells.append(f"{label} {pct(run.mean('tetriinfer', metric), run.mean(base, metric))}"
+                     + (" (n.d.)" if overlap(a, b) else ""))
+    return ", ".join(cells)
+
+
+def e14_whole() -> list[str]:
+    runs = {w: compare(name) for w, name in WHOLE.items()}
+    body = [_whole_row(w, runs[w], s) for w in WHOLE for s in WHOLE_SYSTEMS]
+    header = ["workload", "system", "TTFT mean (ms)", "TTFT p99", "JCT mean (s)",
+              "output tok/s", "perf/$ (tok per instance wall-s)", "perf/$ busy",
+              "flips per seed", "errors"]
+    present = [r for r in runs.values() if r is not None]
+    vs = [[w, _whole_vs(runs[w], "vllm"), _whole_vs(runs[w], "vllm-1t"),
+           _whole_vs(runs[w], "disagg")] for w in WHOLE]
+    spread_text = spread_over(present, WHOLE_SYSTEMS, "JCT mean")
+    return [*table(header, body), "", *table(
+        ["workload", "tetriinfer vs vllm (same 2 cores)", "vs vllm-1t (paper's ratio)",
+         "vs disagg 1P+1D without its parts"], vs), "",
+        data_line(list(WHOLE.values()), str(len(present)), seeds_text(present),
+                  f"{spread_text} (JCT mean)")]
+
+
 # -- E2 decode-maximal cost ------------------------------------------------------------------------
 def e2() -> list[str]:
     data = load("e2_piggyback/piggyback.json")
@@ -239,4 +289,4 @@ def e2() -> list[str]:
 
 
 BUILDERS = {"E2": e2, "E6": e6, "E9": e9, "E9-after": e9_after, "E12": e12, "E13": e13,
-            "E14": e14, "E14-vs": e14_vs, "E14-rerun": e14_rerun}
+            "E14": e14, "E14-vs": e14_vs, "E14-rerun": e14_rerun, "E14-whole": e14_whole}

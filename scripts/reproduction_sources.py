@@ -40,6 +40,7 @@ SESSIONS = {
     6: (XEON, "sixth session, 2026-11-26, committed 19:14-19:38 UTC"),
     7: (ZEN5, "a session of 2026-11-27, committed 04:43 UTC"),
     8: (AVX2, "a session of 2026-11-27, 08:55-11:55 UTC (family 25, Zen 3)"),
+    9: (AVX2, "a session of 2026-11-27, 12:27-15:27 UTC (family 25, Zen 3)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -59,6 +60,7 @@ HOSTS = {
     "compare_sarathi_ablation_hphd": 5,
     "length_predictor/sixth-session": 6,
     "decode_inter_current": 7, "compare_phase_shift": 8,
+    "compare_tetriinfer_LPHD": 9, "compare_tetriinfer_Mixed": 9,
 }
 
 
