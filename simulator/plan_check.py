@@ -100,11 +100,28 @@ def verdict(best: dict, other: dict) -> str:
             "worse" if all(d < 0 for d in diffs) else "not distinguishable")
 
 
+def earlier_run(args: argparse.Namespace) -> dict | None:
+    """A check's earlier result (`--real-from`), whose real runs are simulated again under
+    another profile; it must describe the same requests and SLOs."""
+    if args.real_from is None:
+        return None
+    earlier = json.loads(args.real_from.read_text())
+    asked = {"workload": args.workload, "num_requests": args.num_requests,
+             "seeds": [int(s) for s in args.seeds.split(",")], "instances": args.instances,
+             "slo": asdict(Slo(args.slo_ttft, args.slo_tbt))}
+    differ = [key for key, value in asked.items() if earlier[key] != value]
+    if differ:
+        raise ConfigError(f"{args.real_from} differs in {', '.join(differ)}")
+    return earlier
+
+
 def check(args: argparse.Namespace) -> dict:
     from simulator.validate import capacity, load_profiles, profile_for, workload_requests
 
     costs, profile = profile_for(load_profiles([args.profile]), 1)
-    rate = args.rate or args.load * capacity(args.workload, costs)
+    earlier = earlier_run(args)
+    rate = earlier["rate"] if earlier else (
+        args.rate or args.load * capacity(args.workload, costs))
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = {seed: workload_requests(args.workload, args.num_requests, rate, seed)
                  for seed in seeds}
@@ -112,21 +129,23 @@ def check(args: argparse.Namespace) -> dict:
     found = candidates(args.instances, [float(f) for f in args.prefill_fractions.split(",")],
                        args.policies.split(","), chunk_sizes=[None])
     simulated = simulate_candidates(found, costs, workloads, slo, args.cache_dir)
-    by_label = {c.label: c for c in found}
-    top = [by_label[row["candidate"]] for row in simulated[:2]]
     if args.simulate_only:
         return {"workload": args.workload, "rate": rate, "simulated": simulated}
-    real = [real_goodput(c, workloads, slo, args.cache_dir, args.out / "logs") for c in top]
-    simulated_top = simulated[:2]
-    return {"workload": args.workload, "rate": rate, "load": None if args.rate else args.load,
-            "num_requests": args.num_requests, "seeds": seeds, "instances": args.instances,
-            "slo": asdict(slo), "profile": profile,
+    by_label = {c.label: c for c in found}
+    real = earlier["real"] if earlier else [
+        real_goodput(by_label[row["candidate"]], workloads, slo, args.cache_dir,
+                     args.out / "logs") for row in simulated[:2]]
+    pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
+    return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
+            else args.load, "num_requests": args.num_requests, "seeds": seeds,
+            "instances": args.instances, "slo": asdict(slo), "profile": profile,
+            "real_from": str(args.real_from) if earlier else None,
             "flags": {c.label: candidate_flags(c) for c in found},
             "simulated": simulated, "real": real,
-            "recommended": top[0].label, "next_best": top[1].label,
-            "simulated_verdict": verdict(*simulated_top),
-            "real_verdict": verdict(*real),
-            "agrees": verdict(*simulated_top) == verdict(*real)}
+            "recommended": simulated[0]["candidate"], "next_best": simulated[1]["candidate"],
+            "ran_for_real": [r["candidate"] for r in real],
+            "simulated_verdict": verdict(*pair), "real_verdict": verdict(*real),
+            "agrees": verdict(*pair) == verdict(*real)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", required=True, help="a 1-thread `splitserve profile` "
                                                          "record")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--real-from", type=Path, default=None, metavar="FILE",
+                        help="an earlier check's JSON: simulate again (e.g. under another "
+                             "profile) against its real runs instead of running them again")
     parser.add_argument("--simulate-only", action="store_true",
                         help="print the simulated ranking and stop (nothing runs for real)")
     args = parser.parse_args(argv)
@@ -165,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / f"{args.workload}-{args.instances}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"{args.workload} at {result['rate']:.3f} req/s: recommended {result['recommended']}, "
-          f"next {result['next_best']}; simulated {result['simulated_verdict']}, real "
+          f"next {result['next_best']}; of {' vs '.join(result['ran_for_real'])}: simulated "
+          f"{result['simulated_verdict']}, real "
           f"{result['real_verdict']}: {'agrees' if result['agrees'] else 'disagrees'} ({path})")
     return 0
 

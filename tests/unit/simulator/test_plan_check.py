@@ -42,3 +42,22 @@ def test_verdict_needs_every_seed():
     assert verdict(*rows((1, 1, 4), (3, 2, 5))) == "worse"
     assert verdict(*rows((3, 1, 5), (1, 2, 4))) == "not distinguishable"
     assert verdict(*rows((3, 2, 5), (3, 1, 4))) == "not distinguishable"
+
+
+def test_an_earlier_run_must_describe_the_same_requests_and_slos(tmp_path):
+    import argparse
+    import json
+
+    from common.config import ConfigError
+    from simulator.plan_check import earlier_run
+
+    args = argparse.Namespace(workload="LPLD", num_requests=32, seeds="0,1", instances=2,
+                              slo_ttft=1.0, slo_tbt=0.2, real_from=tmp_path / "LPLD-2.json")
+    stored = {"workload": "LPLD", "num_requests": 32, "seeds": [0, 1], "instances": 2,
+              "slo": {"ttft_s": 1.0, "tbt_s": 0.2, "tbt_percentile": 99.0,
+                      "ttft_per_prompt_token_s": 0.0}, "rate": 0.7, "real": []}
+    args.real_from.write_text(json.dumps(stored))
+    assert earlier_run(args)["rate"] == 0.7
+    args.real_from.write_text(json.dumps({**stored, "num_requests": 40, "seeds": [0]}))
+    with pytest.raises(ConfigError, match="num_requests, seeds"):
+        earlier_run(args)
