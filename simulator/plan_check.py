@@ -23,7 +23,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from common.config import ConfigError
-from simulator.plan import FLIP_WATCH, Candidate, arrival_window, candidates, rank, spread
+from simulator.plan import (FLIP_WATCH, Candidate, arrival_window, candidates, paired_verdict,
+                            rank, spread)
 from simulator.plan import summary as plan_summary
 from simulator.run import Slo
 
@@ -93,11 +94,9 @@ def real_goodput(candidate: Candidate, workloads: dict, slo: Slo, cache_dir: str
 
 def verdict(best: dict, other: dict) -> str:
     """'better' when `best` beats `other` on every seed, 'worse' when it loses on every seed,
-    else 'not distinguishable' (the paired rule of simulator.plan.rank)."""
-    diffs = [a - b for a, b in zip(best["goodput_per_instance"]["per_seed"],
-                                   other["goodput_per_instance"]["per_seed"])]
-    return ("better" if all(d > 0 for d in diffs) else
-            "worse" if all(d < 0 for d in diffs) else "not distinguishable")
+    else 'not distinguishable' (simulator.plan.paired_verdict)."""
+    return {1: "better", -1: "worse", 0: "not distinguishable"}[paired_verdict(
+        best["goodput_per_instance"], other["goodput_per_instance"])]
 
 
 def earlier_run(args: argparse.Namespace) -> dict | None:
