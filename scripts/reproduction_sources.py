@@ -61,6 +61,7 @@ HOSTS = {
     "length_predictor/sixth-session": 6,
     "decode_inter_current": 7, "compare_phase_shift": 8,
     "compare_tetriinfer_LPHD": 9, "compare_tetriinfer_Mixed": 9,
+    "compare_sarathi_ablation_budget1024": 9,
 }
 
 

@@ -178,6 +178,11 @@ def e7_hphd() -> list[str]:
     return compare_region("scheduler", rows, cols, "TBT p99")
 
 
+def e7_budget1024() -> list[str]:
+    rows = [(ABLATION[s], "compare_sarathi_ablation_budget1024", s) for s in ABLATION]
+    return compare_region("scheduler", rows, ABLATION_COLS, "TBT p99")
+
+
 FASTSERVE = {"vllm": "vllm (FCFS)", "fastserve-naive": "fastserve-naive",
              "fastserve": "fastserve (skip-join)"}
 FASTSERVE_COLS = [Col("norm. latency mean (ms/token)", "norm. latency mean", 1),
@@ -220,6 +225,7 @@ BUILDERS = {
     "vllm-s2": vllm_s2, "vllm-s2-budget": vllm_s2_budget, "vllm-s5": vllm_s5,
     "vllm-s5-seeds": vllm_s5_seeds, "vllm-s4": vllm_s4, "vllm-s4-rerun": vllm_s4_rerun,
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
+    "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16, **experiments.BUILDERS,
 }
 
