@@ -52,23 +52,23 @@ def read_prompts(prompts: list[str], prompts_file: str | None) -> list[str]:
     return collected
 
 
-def sampling(options: GenerateOptions, eos_token_ids=()) -> SamplingParams:
-    return SamplingParams(
-        eos_token_ids=eos_token_ids, max_tokens=options.max_tokens,
-        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-        seed=options.seed, ignore_eos=options.ignore_eos, stop=options.stop)
+def sampling_fields(options: GenerateOptions) -> dict:
+    return {"max_tokens": options.max_tokens, "temperature": options.temperature,
+            "top_p": options.top_p, "top_k": options.top_k, "seed": options.seed,
+            "ignore_eos": options.ignore_eos, "stop": options.stop}
 
 
 def run_generate(config: EngineConfig, prompts: list[str], options: GenerateOptions,
                  as_json: bool) -> list[dict]:
-    sampling(options).validate()  # a bad flag fails before the model loads
+    fields = sampling_fields(options)
+    SamplingParams(**fields).validate()  # a bad flag fails before the model loads
     engine = LLMEngine(config)
     try:
         tokenizer = engine.tokenizer
         encode = ((lambda p: tokenizer.encode_chat([{"role": "user", "content": p}]))
                   if options.chat else tokenizer.encode)
         token_lists = [encode(p) for p in prompts]
-        params = sampling(options, tokenizer.eos_token_ids)
+        params = engine.default_params(**fields)
         for index, tokens in enumerate(token_lists):
             try:
                 check_fits(len(tokens), params.validate(), engine.max_model_len, engine.kv)
