@@ -50,31 +50,30 @@ def candidate_flags(candidate: Candidate) -> list[str]:
     return flags + (chunk if candidate.chunk_size else [])
 
 
-def simulate_candidates(found: list[Candidate], costs, workloads: dict, slo: Slo,
+def simulate_candidates(found: list[Candidate], costs, simulated: dict, slo: Slo,
                         cache_dir: str) -> list[dict]:
-    """Each candidate simulated on every seed's requests (`workloads`: seed -> (bench
-    requests, arrivals)), ranked as `splitserve plan` ranks them."""
+    """Each candidate simulated on every seed's requests (`simulated`: seed -> SimRequests),
+    ranked as `splitserve plan` ranks them."""
     from simulator.plan import run_one
     from simulator.validate import flags_layout
-    from simulator.workload import from_bench
 
     rows = []
     for candidate in found:
         layout = flags_layout(candidate_flags(candidate), cache_dir)
-        runs = [run_one(candidate, costs, from_bench(*workloads[seed]), seed, [slo],
-                        lambda _: layout) for seed in workloads]
+        runs = [run_one(candidate, costs, requests, seed, [slo], lambda _: layout)
+                for seed, requests in simulated.items()]
         rows.append(plan_summary(candidate, runs))
         print(f"simulated {candidate.label}: {rows[-1]['goodput_per_instance']['mean']:.4f} "
               "req/s per instance", file=sys.stderr, flush=True)
     return rank(rows)
 
 
-def real_goodput(candidate: Candidate, workloads: dict, slo: Slo, cache_dir: str,
-                 log_dir: Path) -> dict:
-    """The candidate run for real once per seed: goodput per instance and the latencies."""
+def real_goodput(candidate: Candidate, workloads: dict, windows: dict, slo: Slo,
+                 cache_dir: str, log_dir: Path) -> dict:
+    """The candidate run for real once per seed (`workloads`: seed -> (bench requests,
+    arrivals); `windows`: seed -> arrival window): goodput per instance and the latencies."""
     from bench.metrics import goodput
     from simulator.validate import run_for_real
-    from simulator.workload import from_bench
 
     runs = []
     for seed, (requests, arrivals) in workloads.items():
@@ -82,9 +81,8 @@ def real_goodput(candidate: Candidate, workloads: dict, slo: Slo, cache_dir: str
         result, records = run_for_real(name, candidate_flags(candidate), 1, requests,
                                        arrivals, cache_dir, log_dir)
         met = goodput(records, 0.0, slo.ttft_s, slo.tbt_s, slo.tbt_percentile)
-        window = arrival_window(from_bench(requests, arrivals))
         runs.append({"seed": seed, "goodput_per_instance":
-                     met["num_met"] / window / candidate.instances,
+                     met["num_met"] / windows[seed] / candidate.instances,
                      "slo_attainment": met["fraction"], **result})
         print(f"real {name}: {runs[-1]['goodput_per_instance']:.4f} req/s per instance "
               f"({met['num_met']}/{len(records)} met)", file=sys.stderr, flush=True)
@@ -116,6 +114,7 @@ def earlier_run(args: argparse.Namespace) -> dict | None:
 
 def check(args: argparse.Namespace) -> dict:
     from simulator.validate import capacity, load_profiles, profile_for, workload_requests
+    from simulator.workload import from_bench
 
     costs, profile = profile_for(load_profiles([args.profile]), 1)
     earlier = earlier_run(args)
@@ -124,16 +123,18 @@ def check(args: argparse.Namespace) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = {seed: workload_requests(args.workload, args.num_requests, rate, seed)
                  for seed in seeds}
+    simulated_requests = {seed: from_bench(*pair) for seed, pair in workloads.items()}
     slo = Slo(args.slo_ttft, args.slo_tbt)
     found = candidates(args.instances, [float(f) for f in args.prefill_fractions.split(",")],
                        args.policies.split(","), chunk_sizes=[None])
-    simulated = simulate_candidates(found, costs, workloads, slo, args.cache_dir)
+    simulated = simulate_candidates(found, costs, simulated_requests, slo, args.cache_dir)
     if args.simulate_only:
         return {"workload": args.workload, "rate": rate, "simulated": simulated}
     by_label = {c.label: c for c in found}
     real = earlier["real"] if earlier else [
-        real_goodput(by_label[row["candidate"]], workloads, slo, args.cache_dir,
-                     args.out / "logs") for row in simulated[:2]]
+        real_goodput(by_label[row["candidate"]], workloads, {
+            seed: arrival_window(requests) for seed, requests in simulated_requests.items()},
+            slo, args.cache_dir, args.out / "logs") for row in simulated[:2]]
     pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
     return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
             else args.load, "num_requests": args.num_requests, "seeds": seeds,
