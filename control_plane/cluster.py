@@ -36,6 +36,13 @@ def decode_peer(stats: InstanceStats) -> PeerInfo:
                     offers_seen=dict(stats.offers_seen), report_time=stats.timestamp)
 
 
+def is_repeat(held: InstanceStats, stats: InstanceStats) -> bool:
+    """The report held, seen again (the same timestamp and role). Not "older than held": a
+    clock stepped back must not silence an instance. A report without a timestamp is new."""
+    return bool(stats.timestamp) and stats.timestamp == held.timestamp and \
+        stats.role == held.role
+
+
 @dataclass
 class InstanceState:
     stats: InstanceStats
@@ -97,6 +104,11 @@ class InstanceRegistry:
         if state is None:
             now = time.monotonic()
             self.instances[stats.instance_id] = InstanceState(stats, now, first_seen=now)
+        elif is_repeat(state.stats, stats):
+            # The store hands back the last report on every sync until the instance writes a
+            # new one (it cannot while a long forward runs): what was sent since is still owed.
+            state.last_seen = time.monotonic()
+            return False
         else:
             previous, state.stats, state.last_seen = state.stats, stats, time.monotonic()
             state.sent_tokens_since_report = state.sent_requests_since_report = 0

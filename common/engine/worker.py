@@ -4,10 +4,11 @@ Each turn of the loop:
   1. receive messages (waiting only while the role has nothing to run) and hand them to the role;
   2. `role.admit_compiled()`: constrained sequences whose grammar compiled join the scheduler;
      `role.poll()`: KV transfer completions, dispatch, leases and deadlines;
-  3. plan = role.schedule(); output = runner.execute(plan); role.update_from_output(plan, output);
-  4. flush generated tokens to the gateways, one TokenBatch per gateway;
-  5. every report interval: InstanceStats to the control plane (gateways or the store); when
-     idle, the KV integrity check.
+  3. every report interval: InstanceStats to the control plane (gateways or the store); when
+     idle, the KV integrity check. Before the forward, so the report that stands while it runs
+     counts what was just received;
+  4. plan = role.schedule(); output = runner.execute(plan); role.update_from_output(plan, output);
+  5. flush generated tokens to the gateways, one TokenBatch per gateway.
 
 A FlipCommand makes the role drain (finish what it holds, take no new work that can go
 elsewhere); once drained, the role object is replaced in place: same model, KV cache and block
@@ -121,6 +122,12 @@ class InstanceWorker:
         self.role.poll()
         if self._pending_flip is not None and self.role.is_drained:
             self._finish_flip()
+        if time.monotonic() >= self._next_report:
+            # Before the forward, not after: the report then counts what was just received, and
+            # it stands for the whole forward (the gateway's count of what it sent since the
+            # last report is dropped on each new one; sent during a forward and reported after
+            # it, a request would be forgotten until the next report).
+            self._report()
         plan = self.role.schedule()
         if not plan.is_empty:
             output = self.runner.execute(plan)
@@ -130,8 +137,6 @@ class InstanceWorker:
             self.role.update_from_output(plan, output)
         self.metrics.last_turn = time.monotonic()
         self._flush_tokens()
-        if time.monotonic() >= self._next_report:
-            self._report()
 
     def _start_flip(self, command: FlipCommand) -> None:
         if (command.target_role == self.role.name or self._pending_flip is not None

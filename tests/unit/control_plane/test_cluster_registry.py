@@ -132,6 +132,38 @@ def test_report_resets_sent_counters(registry):
     assert registry.least_loaded_prefill() is p0
 
 
+def test_a_repeated_report_keeps_what_was_sent_since(registry, clock):
+    """The store hands back an instance's last report on every sync until it writes a new one,
+    which it cannot do during a long forward. Golden case from the HPLD plan check: two idle
+    co-located instances, a 1,281-token prompt sent to c0, then a second prompt 0.5 s later
+    while c0 prefills the first. Taking the repeated report as new dropped c0's count, both
+    looked idle, and the tie sent the second prompt behind the first."""
+    c0 = stats("c0", role="coupled", timestamp=10.0)
+    c1 = stats("c1", role="coupled", timestamp=10.0)
+    registry.sync([c0, c1])
+    first = registry.least_loaded_prefill()
+    assert first.stats.instance_id == "c0"  # the tie: by id
+    registry.note_sent(first, 1281)
+    clock.advance(0.5)
+    registry.sync([c0, c1])  # nothing new in the store: the same two reports
+    assert (first.sent_tokens_since_report, first.sent_requests_since_report) == (1281, 1)
+    assert registry.least_loaded_prefill().stats.instance_id == "c1"
+    assert first.last_seen == clock.now  # still present in the store: alive
+    registry.sync([stats("c0", role="coupled", queued=1281, timestamp=10.2), c1])
+    assert first.sent_tokens_since_report == 0  # a new report: it counts the prompt itself
+    assert first.stats.num_queued_tokens == 1281
+    assert registry.least_loaded_prefill().stats.instance_id == "c1"
+
+
+def test_a_report_without_timestamp_is_always_new(registry):
+    registry.report(stats("d0", role="decode"))
+    registry.report(stats("p0"))
+    p0 = registry.get("p0")
+    registry.note_sent(p0, 100)
+    registry.report(stats("p0", queued=100))
+    assert p0.sent_tokens_since_report == 0
+
+
 def test_least_loaded_ties_broken_by_waiting_then_id(registry):
     registry.report(stats("d0", role="decode"))  # prefill is routable only with a decode
     registry.report(stats("p1", queued=10, waiting=1))

@@ -1,0 +1,47 @@
+"""The instance loop's order within a turn (common/engine/worker.py): the load report goes out
+after the turn's messages are handled and before the forward, so a request received during the
+previous forward is counted by the report that stands while it is prefilled."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from common.engine import worker as worker_module
+from common.engine.worker import InstanceWorker
+
+
+def make_worker(events: list[str], messages: list, plan_empty: bool = False) -> InstanceWorker:
+    """An InstanceWorker without a model: only what `_turn` touches, each recording its call."""
+    worker = object.__new__(InstanceWorker)
+    worker.inbox = SimpleNamespace(receive=lambda wait: [events.append("receive"), *messages][1:])
+    worker.link = SimpleNamespace(receive=lambda: [])
+    worker.role = SimpleNamespace(
+        has_work=True, wait_s=0.01, handle=lambda m: events.append(f"handle {m}"),
+        admit_compiled=lambda: None, poll=lambda: events.append("poll"),
+        schedule=lambda: (events.append("schedule"),
+                          SimpleNamespace(is_empty=plan_empty, chunks=[]))[1],
+        update_from_output=lambda plan, output: events.append("update"))
+    worker.runner = SimpleNamespace(execute=lambda plan: (
+        events.append("forward"), SimpleNamespace(forward_seconds=5.0))[1])
+    worker.metrics = SimpleNamespace(count=lambda *a: None, last_turn=0.0)
+    worker.busy_seconds, worker.computed_tokens = 0.0, 0
+    worker._pending_flip = None
+    worker._next_report = 0.0  # a report is due
+    worker._flush_tokens = lambda: events.append("flush")
+    worker._report = lambda: events.append("report")
+    return worker
+
+
+def test_report_is_sent_after_the_messages_and_before_the_forward():
+    events: list[str] = []
+    make_worker(events, ["generate"])._turn()
+    assert events == ["receive", "handle generate", "poll", "report", "schedule", "forward",
+                      "update", "flush"]
+
+
+def test_no_report_before_the_interval():
+    events: list[str] = []
+    worker = make_worker(events, [])
+    worker._next_report = worker_module.time.monotonic() + 60.0
+    worker._turn()
+    assert "report" not in events and events[-1] == "flush"
