@@ -211,6 +211,9 @@ class InstanceStats(Message):
     kv_blocks_read: int = 0
     kv_blocks_skipped: int = 0
     num_local_prefills: int = 0  # decode: requests it prefilled itself (conditional disagg.)
+    # Gateway inbox -> GenerateRequests received from it since start (counted before the report
+    # is made): the gateway keeps counting its later sends as queued here.
+    requests_seen: dict[str, int] = {}
 
 
 class KVCacheEvents(Message):

@@ -2,8 +2,11 @@
 
 Instances register with their first InstanceStats and report every 100 ms; one that has not
 reported for `instance_timeout_s` is not ready. The global scheduler's choice of a prefill
-instance is least loaded: prompt tokens it reported queued plus those this gateway sent it since
-that report (so a burst does not all land on the instance that looked idle a moment ago).
+instance is least loaded: prompt tokens it reported queued plus those this gateway sent it that
+the report does not count yet (so a burst does not all land on the instance that looked idle a
+moment ago). Each report echoes how many requests the instance has received from each gateway
+(`requests_seen`), so a send stays counted until a report that has seen it: not cleared by a
+report made before it arrived, nor by the store handing back the same report again.
 
 A cluster started by `splitserve up` names the instances it launched (`expect`): until each has
 reported once the cluster is not serving and the monitor's views say they are incomplete, so no
@@ -13,6 +16,7 @@ request is placed on the first decode instances to come up while the others are 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from common.protocol import InstanceStats, PeerInfo
@@ -47,8 +51,14 @@ def is_repeat(held: InstanceStats, stats: InstanceStats) -> bool:
 class InstanceState:
     stats: InstanceStats
     last_seen: float  # time.monotonic()
+    # Requests this gateway sent that the instance's reports have not counted yet, and their
+    # prompt tokens (what routing and admission add to the reported queue).
     sent_tokens_since_report: int = 0
     sent_requests_since_report: int = 0
+    # With an echo (`InstanceRegistry.address`): the number of the last request sent, on the
+    # instance's count of requests from this gateway, and (number, tokens) of those not counted.
+    num_sent: int = 0
+    unacknowledged: deque = field(default_factory=deque)
     first_seen: float = field(default_factory=time.monotonic)
     flip_target: str = ""  # a flip to this role was ordered here and has not completed yet
     # Tokens computed per second of forward time, smoothed over reports (0 = not known yet): how
@@ -87,6 +97,9 @@ class InstanceRegistry:
         # so a slow store cannot make every instance look dead.
         self.managed_by_store = False
         self.awaiting: set[str] = set()  # launched with the cluster, not reported yet
+        # This gateway's inbox: instances echo how many requests they received from each
+        # (InstanceStats.requests_seen). "" = no echo: a new report clears the sent counts.
+        self.address = ""
 
     def expect(self, instance_ids) -> None:
         """The cluster was launched with these instances: it is complete once each reported."""
@@ -103,7 +116,8 @@ class InstanceRegistry:
         self.awaiting.discard(stats.instance_id)
         if state is None:
             now = time.monotonic()
-            self.instances[stats.instance_id] = InstanceState(stats, now, first_seen=now)
+            self.instances[stats.instance_id] = InstanceState(
+                stats, now, num_sent=self._echo(stats), first_seen=now)
         elif is_repeat(state.stats, stats):
             # The store hands back the last report on every sync until the instance writes a
             # new one (it cannot while a long forward runs): what was sent since is still owed.
@@ -111,7 +125,7 @@ class InstanceRegistry:
             return False
         else:
             previous, state.stats, state.last_seen = state.stats, stats, time.monotonic()
-            state.sent_tokens_since_report = state.sent_requests_since_report = 0
+            self._acknowledge(state, previous)
             if is_new:
                 state.tokens_per_busy_second = 0.0  # another role: another kind of work
             else:
@@ -119,6 +133,23 @@ class InstanceRegistry:
             if state.flip_target == stats.role:
                 state.flip_target = ""  # the flip completed
         return is_new
+
+    def _echo(self, stats: InstanceStats) -> int:
+        return stats.requests_seen.get(self.address, 0) if self.address else 0
+
+    def _acknowledge(self, state: InstanceState, previous: InstanceStats) -> None:
+        """Drop from the sent counts what the new report counts itself. With an echo, the
+        requests up to the number the instance has received from this gateway: one sent after
+        the report was made, or still in the instance's inbox, stays counted. Without one (no
+        address: tests, or a gateway that cannot be named), everything sent so far."""
+        seen = self._echo(state.stats)
+        if not self.address or state.stats.pid != previous.pid:
+            state.unacknowledged.clear()  # no echo, or a new process counting from 0
+            state.num_sent = seen
+        while state.unacknowledged and state.unacknowledged[0][0] <= seen:
+            state.unacknowledged.popleft()
+        state.sent_requests_since_report = len(state.unacknowledged)
+        state.sent_tokens_since_report = sum(tokens for _, tokens in state.unacknowledged)
 
     def sync(self, reports: list[InstanceStats]) -> list[str]:
         """Merge the store's view; returns the ids declared dead.
@@ -196,6 +227,9 @@ class InstanceRegistry:
     def note_sent(self, state: InstanceState, num_tokens: int) -> None:
         state.sent_tokens_since_report += num_tokens
         state.sent_requests_since_report += 1
+        state.num_sent += 1
+        if self.address:
+            state.unacknowledged.append((state.num_sent, num_tokens))
 
     def decode_peers(self) -> list[PeerInfo]:
         return [decode_peer(s.stats) for s in self.routable("decode")]

@@ -164,7 +164,7 @@ class Gateway:
         keys = load_keys(self.config.cluster_secret_file)
         self.inbox = AsyncInbox(self._actx, self.config.host, self.config.inbox_port,
                                 self.config.advertise_host, keys)
-        self.inbox_address = self.inbox.address
+        self.inbox_address = self.registry.address = self.inbox.address
         self.outbox = Outbox(self._ctx, keys)
         self.monitor = ClusterMonitor(self.registry, self.store, self.outbox, self.gateway_id,
                                       self.config.broadcast_interval_s,

@@ -30,7 +30,7 @@ from control_plane.transition import FlipDecision, PoolSnapshot
 from simulator import policies
 from simulator.costs import CostModel, Link, link_named
 from simulator.engine import EventLoop
-from simulator.instances import SimInstance
+from simulator.instances import GATEWAY, SimInstance
 from simulator.workload import EOS_TOKEN, SimRequest
 
 
@@ -90,6 +90,7 @@ class SimCluster:
         self.link, self.kv_bytes_per_token = self._link()
         self.max_model_len = layout.instance.engine.model.max_model_len or costs.max_model_len
         self.registry = InstanceRegistry(layout.gateway.instance_timeout_s)
+        self.registry.address = GATEWAY  # reports echo the requests they have seen
         self.registry.managed_by_store = True  # readiness by report, never by the wall clock
         self.router = policies.router(self.registry, layout.gateway, costs)
         self.watcher = policies.watcher(layout.gateway)

@@ -25,6 +25,8 @@ from simulator import steady
 from simulator.roles import ROLES, SimRole
 from simulator.workload import EOS_TOKEN, FILLER_TOKEN
 
+GATEWAY = "sim-gateway"  # the one gateway's inbox, as InstanceStats.requests_seen names it
+
 if TYPE_CHECKING:
     from simulator.cluster import SimCluster
 
@@ -40,6 +42,7 @@ class SimInstance:
         self._turn_due = False
         self.busy_seconds = 0.0
         self.computed_tokens = 0
+        self.requests_seen = 0  # "generate" messages handled (the worker's requests_seen)
         self.num_forwards = 0
         self.flip_target = ""  # draining for a flip to this role
         self.link_free_at = 0.0  # when the KV link into this instance is free again
@@ -62,6 +65,7 @@ class SimInstance:
         self._turn_due = False
         while self.inbox:
             kind, payload = self.inbox.popleft()
+            self.requests_seen += kind == "generate"
             self.role.handle(kind, payload)
         self.role.poll()
         if self.steady_decode and self.role.name == "decode":
@@ -144,4 +148,5 @@ class SimInstance:
             kv_endpoint=self.instance_id, model="simulated", max_model_len=self.max_model_len,
             num_total_blocks=kv.num_blocks, num_free_blocks=kv.num_free_blocks,
             busy_seconds=self.busy_seconds, num_computed_tokens=self.computed_tokens,
-            timestamp=self.loop.now, draining=bool(self.flip_target), **self.role.load())
+            timestamp=self.loop.now, draining=bool(self.flip_target),
+            requests_seen={GATEWAY: self.requests_seen}, **self.role.load())

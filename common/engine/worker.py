@@ -42,6 +42,7 @@ from common.plugins import ROLES
 from common.protocol import (
     FlipCommand,
     FlipReport,
+    GenerateRequest,
     InstanceStats,
     KVCacheEvents,
     Shutdown,
@@ -90,6 +91,7 @@ class InstanceWorker:
         self.busy_seconds = 0.0
         self.computed_tokens = 0
         self.integrity_violations = 0
+        self.requests_seen: dict[str, int] = {}  # gateway inbox -> GenerateRequests received
         self.flips: list[FlipReport] = []
         self._pending_flip: tuple[FlipCommand, float] | None = None  # (command, drain start)
         self._next_report = 0.0
@@ -117,6 +119,9 @@ class InstanceWorker:
             elif isinstance(message, FlipCommand):
                 self._start_flip(message)
             else:
+                if isinstance(message, GenerateRequest):
+                    self.requests_seen[message.reply_to] = \
+                        self.requests_seen.get(message.reply_to, 0) + 1
                 self.role.handle(message)
         self.role.admit_compiled()  # constrained sequences whose grammar is now ready
         self.role.poll()
@@ -216,7 +221,7 @@ class InstanceWorker:
             metrics_url=self._metrics_url, prefix_query_tokens=self.ctx.kv.stats.queries,
             prefix_hit_tokens=self.ctx.kv.stats.hits,
             num_cached_blocks=self.ctx.kv.pool.num_cached_blocks,
-            **self.role.load())
+            requests_seen=dict(self.requests_seen), **self.role.load())
 
     def close(self) -> None:
         self.role.close()

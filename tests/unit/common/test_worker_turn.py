@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 from common.engine import worker as worker_module
 from common.engine.worker import InstanceWorker
+from common.protocol import GenerateRequest
+from common.sampling_params import SamplingParams
 
 
 def make_worker(events: list[str], messages: list, plan_empty: bool = False) -> InstanceWorker:
@@ -45,3 +47,16 @@ def test_no_report_before_the_interval():
     worker._next_report = worker_module.time.monotonic() + 60.0
     worker._turn()
     assert "report" not in events and events[-1] == "flush"
+
+
+def test_requests_received_are_counted_per_gateway_before_the_report():
+    """InstanceStats.requests_seen, the echo the gateway's sent counts are acknowledged by."""
+    events: list[str] = []
+    requests = [GenerateRequest(f"r{i}", [1, 2, 3], SamplingParams(), gateway, 0.0, 60.0, 0)
+                for i, gateway in enumerate(["tcp://g1:1", "tcp://g2:1", "tcp://g1:1"])]
+    worker = make_worker(events, requests)
+    worker.requests_seen = {}
+    seen_at_report = []
+    worker._report = lambda: seen_at_report.append(dict(worker.requests_seen))
+    worker._turn()
+    assert seen_at_report == [{"tcp://g1:1": 2, "tcp://g2:1": 1}]

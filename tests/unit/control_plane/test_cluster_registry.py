@@ -155,6 +155,40 @@ def test_a_repeated_report_keeps_what_was_sent_since(registry, clock):
     assert registry.least_loaded_prefill().stats.instance_id == "c1"
 
 
+GATEWAY = "tcp://gateway:7000"
+
+
+def test_a_send_stays_counted_until_a_report_has_seen_it(registry):
+    """The echo: a report made before a request arrived (in flight, or still in the instance's
+    inbox behind a long forward) does not clear it; the report that has seen it does."""
+    registry.address = GATEWAY
+    registry.report(stats("c0", role="coupled", timestamp=1.0, requests_seen={GATEWAY: 3}))
+    registry.report(stats("c1", role="coupled", timestamp=1.0))
+    c0 = registry.get("c0")
+    registry.note_sent(c0, 600)  # the instance's 4th request from this gateway
+    registry.note_sent(c0, 50)   # its 5th
+    registry.report(stats("c0", role="coupled", timestamp=1.1, requests_seen={GATEWAY: 3}))
+    assert (c0.sent_tokens_since_report, c0.sent_requests_since_report) == (650, 2)
+    assert registry.least_loaded_prefill().stats.instance_id == "c1"
+    registry.report(stats("c0", role="coupled", timestamp=1.2, queued=600,
+                          requests_seen={GATEWAY: 4, "tcp://other:1": 9}))
+    assert (c0.sent_tokens_since_report, c0.sent_requests_since_report) == (50, 1)
+    registry.report(stats("c0", role="coupled", timestamp=1.3, requests_seen={GATEWAY: 5}))
+    assert (c0.sent_tokens_since_report, c0.sent_requests_since_report) == (0, 0)
+
+
+def test_a_restarted_instance_counts_from_zero(registry):
+    registry.address = GATEWAY
+    registry.report(stats("p0", timestamp=1.0, pid=10, requests_seen={GATEWAY: 7}))
+    p0 = registry.get("p0")
+    registry.note_sent(p0, 100)
+    registry.report(stats("p0", timestamp=2.0, pid=11))  # a new process, same id
+    assert p0.sent_tokens_since_report == 0 and p0.num_sent == 0
+    registry.note_sent(p0, 30)
+    registry.report(stats("p0", timestamp=2.1, pid=11, requests_seen={GATEWAY: 1}))
+    assert p0.sent_tokens_since_report == 0
+
+
 def test_a_report_without_timestamp_is_always_new(registry):
     registry.report(stats("d0", role="decode"))
     registry.report(stats("p0"))
