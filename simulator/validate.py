@@ -32,7 +32,7 @@ import math
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError
@@ -48,6 +48,7 @@ LAYOUTS = {  # name -> (`splitserve up` flags the simulator also takes, torch th
     "vllm": (("--prefill", "0", "--decode", "0", "--coupled", "1", "--policy", "vllm"), 2),
 }
 WORKLOADS = ("LPLD", "HPLD", "Mixed")
+WARM_UP_PROMPT = "Warm-up request: reply with one word."  # in no workload: nothing cached
 RATES = {"low": 0.25, "high": 0.5}  # x the cluster's idealized capacity (module docstring)
 CORES = 2
 SEEDS = (0, 1, 2)
@@ -153,7 +154,9 @@ def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
 def run_for_real(name: str, flags: list[str], threads: int, requests: list,
                  arrivals: list[float], cache_dir: str, log_dir: Path) -> tuple[dict, list]:
     """`splitserve up FLAGS`, two warm-up requests, then the load: the run's summary and
-    per-request figures, and bench's records (token times included)."""
+    per-request figures, and bench's records (token times included). The warm-ups are the first
+    two requests' output budgets on a prompt of their own: the simulated runs start with empty
+    prefix caches, so the real ones must not find the load's first prompts cached."""
     from bench.client import run_load
     from bench.cluster import ClusterProcess
     from bench.metrics import run_duration, summarize
@@ -163,7 +166,8 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
     cluster = ClusterProcess(args, log_dir / f"{name}.log")
     try:
         model = cluster.model()
-        asyncio.run(run_load(cluster.url, model, requests[:2], [0.0, 0.0], ignore_eos=True,
+        warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
+        asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
                              progress=False))
         started = time.monotonic()
         records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
