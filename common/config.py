@@ -3,18 +3,17 @@
 Nothing here reads the environment or the command line; `control_plane.cli` does that and builds
 these objects. Values discovered at run time (the number of KV blocks that fit, the model's shape)
 are returned as their own objects by the code that discovers them, never written back here. A
-config crosses a process boundary as JSON (`config_to_json`, `config_from_json`): `splitserve up`
-hands each instance process its InstanceConfig that way. Plug-in names are checked against their
+config crosses a process boundary as JSON (`common.config_json`): `splitserve up` hands each
+instance process its InstanceConfig that way. Plug-in names are checked against their
 registries (`common.plugins`, which lists names without importing any plug-in).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar, get_type_hints
+from typing import TYPE_CHECKING
 
-import msgspec
 
 from common.plugins import ADMISSION_POLICIES, PREFILL_POLICIES
 
@@ -368,36 +367,3 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _require(self.request_timeout_s > 0 and self.token_timeout_s > 0, "timeouts must be > 0")
-
-
-Config = TypeVar("Config")
-
-
-def config_to_json(config) -> str:
-    """A config tree as JSON; `config_from_json(text, type(config))` gives it back."""
-    return msgspec.json.encode(config).decode()
-
-
-def config_from_json(text: str | bytes, kind: type[Config]) -> Config:
-    """The config tree of class `kind` from JSON. Missing fields take their defaults, every value
-    passes the checks of `__post_init__`, and an unknown field (a typo) is refused."""
-    try:
-        data = msgspec.json.decode(text)
-        _refuse_unknown_fields(data, kind, "")
-        return msgspec.convert(data, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ConfigError(f"bad {kind.__name__} JSON: {exc}") from None
-
-
-def _refuse_unknown_fields(data, kind: type, where: str) -> None:
-    # msgspec ignores fields a dataclass lacks; a misspelt setting must not be dropped silently.
-    if not isinstance(data, dict):
-        return  # msgspec reports the wrong type
-    hints = get_type_hints(kind)
-    names = {f.name for f in fields(kind)}
-    unknown = sorted(set(data) - names)
-    _require(not unknown, f"unknown {kind.__name__} field(s): "
-                          f"{', '.join(where + name for name in unknown)}")
-    for name, value in data.items():
-        if is_dataclass(hints[name]):
-            _refuse_unknown_fields(value, hints[name], f"{where}{name}.")

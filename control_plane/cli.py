@@ -14,7 +14,8 @@ import os
 import sys
 from dataclasses import replace
 
-from common.config import ConfigError, InstanceConfig, config_from_json
+from common.config import ConfigError, InstanceConfig
+from common.config_json import config_from_json
 from common.errors import SplitserveError
 from common.plugins import ROLES
 from control_plane.cli_args import (

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import uvicorn
 
-from common.config import ConfigError, GatewayConfig, InstanceConfig, config_to_json
+from common.config import ConfigError, GatewayConfig, InstanceConfig
+from common.config_json import config_to_json
 from common.errors import SplitserveError
 from common.model_files import resolve_model
 from common.process import die_with_parent

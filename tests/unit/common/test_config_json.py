@@ -13,9 +13,8 @@ from common.config import (
     LimitsConfig,
     PredictionConfig,
     TransferConfig,
-    config_from_json,
-    config_to_json,
 )
+from common.config_json import config_from_json, config_to_json
 from common.protocol import LengthPrediction
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, InstanceConfig, ModelConfig, config_from_json, config_to_json
+from common.config import ConfigError, InstanceConfig, ModelConfig
+from common.config_json import config_from_json, config_to_json
 from control_plane.cli import build_parser
 from control_plane.cli_args import cluster_instance_config, engine_config
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.config import ConfigError, InstanceConfig, config_to_json
+from common.config import ConfigError, InstanceConfig
+from common.config_json import config_to_json
 from control_plane.cli import build_parser, main, received_instance_config
 from control_plane.cli_args import cluster_instance_config
 from control_plane.launcher import instance_of
