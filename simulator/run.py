@@ -54,6 +54,14 @@ def slo_goodput(traces: list, duration_s: float, slo: Slo) -> dict:
                    slo.ttft_per_prompt_token_s)
 
 
+def without_wall_time(result: dict, *also: str) -> dict:
+    """A report less what depends on the machine's speed (and the simulation section's `also`
+    keys): two runs of the same requests must agree on the rest."""
+    dropped = ("wall_s", "cpu_s", "simulated_s_per_wall_s", *also)
+    return {**result, "simulation": {k: v for k, v in result["simulation"].items()
+                                     if k not in dropped}}
+
+
 def report(cluster: SimCluster, wall_s: float, cpu_s: float, slo: Slo = Slo()) -> dict:
     """`splitserve bench`'s metrics of a finished run, its goodput under `slo`, and the
     simulation section."""

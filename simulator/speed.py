@@ -26,7 +26,7 @@ from bench.machine import cpu_kind
 from common.config import GatewayConfig, RoutingConfig
 from simulator.cluster import Layout
 from simulator.hardware import hardware_costs
-from simulator.run import simulate
+from simulator.run import simulate, without_wall_time
 from simulator.workload import synthetic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,15 +78,6 @@ def _run(num_instances: int, requests: list, seed: int, steady_decode: bool,
     return report
 
 
-def _same_metrics(a: dict, b: dict) -> bool:
-    """Two reports of the same requests agree on everything the fast path may not change."""
-    def strip(report: dict) -> dict:
-        sim = {k: v for k, v in report["simulation"].items()
-               if k not in ("wall_s", "cpu_s", "simulated_s_per_wall_s", "events")}
-        return {**report, "simulation": sim}
-    return strip(a) == strip(b)
-
-
 def measure(num_instances: int, rate: float, duration_s: float, seed: int = 0,
             with_profile: bool = False, baseline: bool = False) -> dict:
     requests = synthetic(int(rate * duration_s), rate, seed)
@@ -108,7 +99,8 @@ def measure(num_instances: int, rate: float, duration_s: float, seed: int = 0,
             "cpu_s": slow["simulation"]["cpu_s"], "events": slow["simulation"]["events"],
             "cpu_us_per_output_token": 1e6 * slow["simulation"]["cpu_s"]
             / max(slow["total_output_tokens"], 1),
-            "same_report": _same_metrics(report, slow)}
+            "same_report": (without_wall_time(report, "events")
+                            == without_wall_time(slow, "events"))}
         result["speedup_cpu"] = slow["simulation"]["cpu_s"] / max(sim["cpu_s"], 1e-9)
     if profile is not None:
         result["time_by_package"] = time_by_package(profile)

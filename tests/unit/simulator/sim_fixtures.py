@@ -43,10 +43,3 @@ def layout(num_prefill: int = 1, num_decode: int = 1, num_coupled: int = 0,
 
 def coupled(policy: str, **fields) -> Layout:
     return layout(0, 0, 2, replace(instance_config(**fields), coupled_policy=policy))
-
-
-def without_wall_time(report: dict) -> dict:
-    """A report less what depends on the machine's speed."""
-    sim = {k: v for k, v in report["simulation"].items()
-           if k not in ("wall_s", "cpu_s", "simulated_s_per_wall_s")}
-    return {**report, "simulation": sim}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from simulator.cluster import SimCluster
-from simulator.run import simulate
+from simulator.run import simulate, without_wall_time
 from simulator.workload import SyntheticShape, synthetic
 
-from unit.simulator.sim_fixtures import COSTS, coupled, instance_config, layout, without_wall_time
+from unit.simulator.sim_fixtures import COSTS, coupled, instance_config, layout
 
 SHAPE = SyntheticShape(prompt_median=80, output_median=60, max_prompt_tokens=400,
                        max_output_tokens=200)

@@ -15,11 +15,11 @@ from common.sampling_params import SamplingParams
 from common.sequence import Sequence
 from decode_instance.scheduler import DecodeScheduler
 from simulator.cluster import SimCluster
-from simulator.run import report
+from simulator.run import report, without_wall_time
 from simulator.steady import steady_batch
 from simulator.workload import SyntheticShape, synthetic
 
-from unit.simulator.sim_fixtures import COSTS, instance_config, layout, without_wall_time
+from unit.simulator.sim_fixtures import COSTS, instance_config, layout
 
 SHAPE = SyntheticShape(prompt_median=80, output_median=60, max_prompt_tokens=400,
                        max_output_tokens=200)
