@@ -39,11 +39,11 @@ from common.block_pool import iter_block_hashes
 from common.config import GatewayConfig, RoutingConfig
 from common.plugins import ROUTE_POLICIES
 from common.protocol import KVCacheEvents
+from common.schedulers.costs import PROFILE_RECORD
 from control_plane.cluster import InstanceRegistry, InstanceState
 
 log = logging.getLogger(__name__)
 
-PROFILE_RECORD = "profile.json"  # written by `splitserve profile` in the cache directory
 
 
 class PrefixIndex:

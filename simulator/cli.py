@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from common.config import ConfigError, GatewayConfig, InstanceConfig
+from common.schedulers.costs import PROFILE_RECORD
 from simulator import costs as cost_files
 from simulator.cluster import Layout
 from simulator.costs import CostModel
@@ -23,7 +24,6 @@ from simulator.run import Slo, simulate
 from simulator.speed import time_by_package, top_functions
 from simulator.workload import SimRequest, SyntheticShape, arrivals, from_bench, synthetic
 
-PROFILE_RECORD = "profile.json"  # what `splitserve profile` leaves in the cache directory
 
 
 def cost_model(args: argparse.Namespace) -> CostModel:

@@ -35,7 +35,7 @@ from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
-from common.schedulers.costs import IterationCosts
+from common.schedulers.costs import PROFILE_RECORD, IterationCosts
 
 PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
@@ -267,12 +267,11 @@ def _ratios(runner, limits, prefill, decode, chunk_size) -> dict:
     return ratios
 
 
-RECORD_NAME = "profile.json"
 
 
 def recorded_chunk_size(cache_dir: str) -> int | None:
     """The ChunkSize the last `splitserve profile` on this machine recommended, if any."""
-    path = Path(cache_dir).expanduser() / RECORD_NAME
+    path = Path(cache_dir).expanduser() / PROFILE_RECORD
     try:
         return int(json.loads(path.read_text())["recommended_chunk_size"])
     except (OSError, ValueError, KeyError):
@@ -282,7 +281,7 @@ def recorded_chunk_size(cache_dir: str) -> int | None:
 def _record(report: dict, cache_dir: str) -> None:
     """What later starts read: the ChunkSize, and the curves behind the co-located policies'
     cost model (common.schedulers.costs: FastServe's job profiler, the TBT token budget)."""
-    path = Path(cache_dir).expanduser() / RECORD_NAME
+    path = Path(cache_dir).expanduser() / PROFILE_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("recommended_chunk_size", "model", "dtype", "threads", "decode_context")
     record = {key: report[key] for key in keys}

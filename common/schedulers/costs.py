@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common.config import ConfigError
 
-PROFILE_RECORD = "profile.json"
+PROFILE_RECORD = "profile.json"  # what `splitserve profile` leaves in the cache directory
 Curve = tuple[tuple[int, float], ...]
 
 
