@@ -7,13 +7,16 @@ and how many rows it samples:
                       + per_sampled_row_s  * S        S: chunks that sample a token
                       + per_context_token_s * sum_i c_i           c_i: chunk i's cached tokens
                       + per_context_pair_s  * sum_i c_i * n_i     n_i: chunk i's new tokens
+                      + per_mixed_forward_s    when prompt chunks and decodes share the forward
                       + swapped bytes / swap_bytes_per_s
 
 `base(T)` is the forward of T new tokens of one fresh prompt (no context, no sampled row), a
 piecewise-linear curve: flat while the forward is bound by reading the weights, then linear once
 the matmuls saturate (a roofline, measured). The context terms are attention over what is
 already cached: reading each chunk's KV (decode steps are bound by it) and the new x cached
-query-key pairs (later chunks of a long prompt). Where the numbers come from: `simulator.fit`
+query-key pairs (later chunks of a long prompt). A mixed forward (a co-located instance's
+prompt chunk beside its decodes) may cost more than its parts: a constant fitted from measured
+mixed rows where the record has them (0 otherwise). Where the numbers come from: `simulator.fit`
 (least squares over a `splitserve profile` record) or `simulator.hardware` (published figures).
 
 A KV transfer over a `Link` takes `latency_s + bytes / bandwidth`, bytes = tokens x
@@ -98,6 +101,7 @@ class CostModel:
     chunk_size: int | None = None  # the ChunkSize the source recommends (profile knee)
     swap_bytes_per_s: float | None = None  # host swap tier; None: swaps cost nothing
     decode_context: int = 256  # the context of the decode curve handed to co-located policies
+    per_mixed_forward_s: float = 0.0  # a forward with prompt chunks and decodes, beyond its parts
     default_link: str = "roce-200g"
     source: str = ""
     notes: tuple[str, ...] = ()
@@ -107,7 +111,8 @@ class CostModel:
         xs = [int(x) for x, _ in self.base]
         if not xs or xs != sorted(set(xs)) or xs[0] < 1:
             raise ConfigError("a cost model's base curve needs increasing token counts >= 1")
-        if min(self.per_sampled_row_s, self.per_context_token_s, self.per_context_pair_s) < 0:
+        if min(self.per_sampled_row_s, self.per_context_token_s, self.per_context_pair_s,
+               self.per_mixed_forward_s) < 0:
             raise ConfigError("cost model coefficients must be >= 0")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", [float(y) for _, y in self.base])
@@ -121,6 +126,7 @@ class CostModel:
         """The modelled seconds of one forward of `plan` (see the module docstring); swaps
         move whole blocks of `block_size` tokens."""
         tokens, rows, context, pairs = plan.num_padding_tokens, 0, 0, 0
+        prompts = decodes = False
         for chunk in plan.chunks:
             n = len(chunk.token_ids)
             tokens += n
@@ -129,8 +135,14 @@ class CostModel:
             if chunk.num_cached:
                 context += chunk.num_cached
                 pairs += chunk.num_cached * n
+            if n == 1 and chunk.num_cached:
+                decodes = True
+            else:
+                prompts = True
         seconds = (self.base_s(tokens) + self.per_sampled_row_s * rows
                    + self.per_context_token_s * context + self.per_context_pair_s * pairs)
+        if prompts and decodes:
+            seconds += self.per_mixed_forward_s
         if (plan.swap_out or plan.swap_in) and self.swap_bytes_per_s:
             blocks = len(plan.swap_out) + len(plan.swap_in)
             seconds += blocks * block_size * self.kv_bytes_per_token / self.swap_bytes_per_s
@@ -145,6 +157,13 @@ class CostModel:
                                                   + self.per_sampled_row_s * num_seqs)
         return rows + self.per_context_token_s * context + self.per_context_pair_s * context
 
+    def mixed_s(self, num_tokens: int, batch: int, context: int) -> float:
+        """`forward_s` of one fresh prompt of `num_tokens` (its first token sampled) beside one
+        decode step of `batch` sequences holding `context` tokens each."""
+        return (self.base_s(num_tokens + batch) + self.per_sampled_row_s * (batch + 1)
+                + (self.per_context_token_s + self.per_context_pair_s) * batch * context
+                + (self.per_mixed_forward_s if batch else 0.0))
+
     def scaled(self, factor: float) -> CostModel:
         """Every forward `factor` times as long (simulator.calibrate); transfers unchanged."""
         if factor <= 0:
@@ -153,6 +172,7 @@ class CostModel:
                        per_sampled_row_s=self.per_sampled_row_s * factor,
                        per_context_token_s=self.per_context_token_s * factor,
                        per_context_pair_s=self.per_context_pair_s * factor,
+                       per_mixed_forward_s=self.per_mixed_forward_s * factor,
                        notes=(*self.notes, (f"every forward scaled by {factor:.3f} "
                                             "(calibrated to the serving stack)")))
 

@@ -2,22 +2,24 @@
 
 A record (the cache directory's `profile.json`, or the report `splitserve profile --out` writes)
 holds two measured curves: fresh prefills of N tokens, and decode steps of B sequences each
-holding `decode_context` tokens (a row may carry its own `context`). The fit, in two steps:
+holding `decode_context` tokens (a row may carry its own `context`); newer records also hold
+mixed rows, a fresh prompt of N tokens beside a decode step of B. The fit, in two steps:
 
 1. per_context_pair_s: the prefill curve's quadratic part. A fresh prompt of N tokens computes
    N(N+1)/2 query-key pairs, so above the knee, where the matmuls are saturated, seconds =
    c0 + c1 N + c2 N^2/2 and c2 is the cost of one pair. (0 when fewer than 3 rows are there.)
-2. base(T) at the prefill sizes, per_sampled_row_s and per_context_token_s: one weighted linear
-   least-squares problem over every row, prefill and decode alike,
-       prefill N:     base(N) + row                          = measured
-       decode B, C:   base(B) + row * B + ctx * B * C        = measured - pair * B * C
+2. base(T) at the prefill sizes, per_sampled_row_s, per_context_token_s and per_mixed_forward_s:
+   one weighted linear least-squares problem over every row,
+       prefill N:     base(N) + row                                   = measured
+       decode B, C:   base(B) + row * B + ctx * B * C                 = measured - pair * B * C
+       mixed N, B, C: base(N + B) + row * (B + 1) + ctx * B * C + mix = measured - pair * B * C
    (base between sizes is linear in its two neighbours), each equation divided by its measured
    time so that 1 ms and 1 s rows count alike. A coefficient that comes out negative is set to
-   0 and the rest refitted; base is made non-decreasing.
+   0 and the rest refitted; base is made non-decreasing. Without mixed rows `mix` is 0.
 
 What the record cannot tell apart is stated in the model's notes: with decode measured at one
-context length, reading the KV and computing over it are one coefficient; a mixed forward
-(prefill chunks beside decodes) is never measured and is modelled as the sum of its terms.
+context length, reading the KV and computing over it are one coefficient; without mixed rows a
+mixed forward is modelled as the sum of its terms, never measured.
 """
 
 from __future__ import annotations
@@ -41,17 +43,20 @@ def kv_bytes_per_token(model: str, dtype: str) -> int | None:
     return 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
-def _rows(record: dict) -> tuple[list[tuple[int, float]], list[tuple[int, float, int]]]:
+def _rows(record: dict) -> tuple[list, list, list]:
+    """(prefill (N, s), decode (B, s, C), mixed (N, B, s, C)) rows of a record."""
     try:
         prefill = sorted((int(r["tokens"]), float(r["seconds"])) for r in record["prefill"])
         context = int(record.get("decode_context", 256))
         decode = sorted((int(r["batch"]), float(r["step_seconds"]), int(r.get("context", context)))
                         for r in record["decode"])
+        mixed = sorted((int(r["prefill_tokens"]), int(r["batch"]), float(r["seconds"]),
+                        int(r.get("context", context))) for r in record.get("mixed", []))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"not a splitserve profile record: {exc!r}") from None
     if len(prefill) < 2 or not decode:
         raise ConfigError("a profile needs at least 2 prefill rows and 1 decode row to fit")
-    return prefill, decode
+    return prefill, decode, mixed
 
 
 def pair_cost(prefill: list[tuple[int, float]], above: int = 128) -> float:
@@ -76,35 +81,40 @@ def _knot_weights(knots: list[int], x: int) -> dict[int, float]:
     return {i - 1: 1.0 - t, i: t}
 
 
-def _system(prefill, decode, pair: float) -> tuple[np.ndarray, np.ndarray]:
+COEFFICIENTS = 3  # after the base knots: per sampled row, per context token, per mixed forward
+
+
+def _system(prefill, decode, mixed, pair: float) -> tuple[np.ndarray, np.ndarray]:
     """Rows of the weighted least-squares problem: unknowns = base at each prefill size, then
-    per_sampled_row_s, then per_context_token_s."""
+    per_sampled_row_s, per_context_token_s and per_mixed_forward_s."""
     knots = [n for n, _ in prefill]
-    width = len(knots) + 2
     rows, targets = [], []
-    for n, seconds in prefill:
-        row = np.zeros(width)
-        row[knots.index(n)] = 1.0
-        row[-2] = 1.0
-        rows.append(row / seconds)
-        targets.append(1.0)
-    for batch, seconds, context in decode:
-        row = np.zeros(width)
-        for k, w in _knot_weights(knots, batch).items():
+
+    def add(tokens: int, sampled: int, context: int, is_mixed: bool, seconds: float) -> None:
+        row = np.zeros(len(knots) + COEFFICIENTS)
+        for k, w in _knot_weights(knots, tokens).items():
             row[k] += w
-        row[-2], row[-1] = batch, batch * context
+        row[-3:] = sampled, context, float(is_mixed)
         rows.append(row / seconds)
-        targets.append((seconds - pair * batch * context) / seconds)
+        targets.append((seconds - pair * context) / seconds)
+
+    for n, seconds in prefill:
+        add(n, 1, 0, False, seconds)
+    for batch, seconds, context in decode:
+        add(batch, batch, batch * context, False, seconds)
+    for n, batch, seconds, context in mixed:
+        add(n + batch, batch + 1, batch * context, True, seconds)
     return np.array(rows), np.array(targets)
 
 
 def _solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with the last two unknowns (row and context costs) kept >= 0."""
+    """Least squares with the coefficients after the knots kept >= 0."""
     active = list(range(a.shape[1]))
     while True:
         x = np.zeros(a.shape[1])
         x[active] = np.linalg.lstsq(a[:, active], b, rcond=None)[0]
-        negative = [i for i in (a.shape[1] - 2, a.shape[1] - 1) if i in active and x[i] < 0]
+        negative = [i for i in range(a.shape[1] - COEFFICIENTS, a.shape[1])
+                    if i in active and x[i] < 0]
         if not negative:
             return x
         active.remove(negative[0])
@@ -121,7 +131,7 @@ def _monotone(values) -> list[float]:
 def fit_profile(record: dict, *, kv_bytes: int | None = None, max_model_len: int | None = None,
                 source: str = "profile") -> CostModel:
     """A cost model fitted to a `splitserve profile` record (see the module docstring)."""
-    prefill, decode = _rows(record)
+    prefill, decode, mixed = _rows(record)
     model_name, dtype = record.get("model", "?"), record.get("dtype", "?")
     kv_bytes = kv_bytes or kv_bytes_per_token(model_name, dtype)
     if not kv_bytes:
@@ -129,11 +139,11 @@ def fit_profile(record: dict, *, kv_bytes: int | None = None, max_model_len: int
                           "give them (--kv-bytes-per-token)")
     shape = KNOWN_MODELS.get(model_name)
     pair = pair_cost(prefill)
-    x = _solve(*_system(prefill, decode, pair))
-    base = tuple(zip([n for n, _ in prefill], _monotone(x[:-2])))
+    x = _solve(*_system(prefill, decode, mixed, pair))
+    base = tuple(zip([n for n, _ in prefill], _monotone(x[:-COEFFICIENTS])))
     model = CostModel(
-        base=base, per_sampled_row_s=float(x[-2]), per_context_token_s=float(x[-1]),
-        per_context_pair_s=pair, kv_bytes_per_token=kv_bytes,
+        base=base, per_sampled_row_s=float(x[-3]), per_context_token_s=float(x[-2]),
+        per_context_pair_s=pair, per_mixed_forward_s=float(x[-1]), kv_bytes_per_token=kv_bytes,
         max_model_len=max_model_len or (shape[3] if shape else 4096),
         chunk_size=record.get("recommended_chunk_size"),
         decode_context=int(record.get("decode_context", 256)), default_link="ideal",
@@ -142,21 +152,25 @@ def fit_profile(record: dict, *, kv_bytes: int | None = None, max_model_len: int
         notes=("least-squares fit of measured curves (simulator/fit.py)",
                ("decode measured at one context length: KV read and attention compute over"
                 " the context are one coefficient (per_context_token_s)"),
-               "mixed forwards (prefill chunks beside decodes) are modelled, not measured",
+               (f"mixed forwards measured ({len(mixed)} rows): the sum of their parts plus "
+                "per_mixed_forward_s" if mixed else
+                "mixed forwards (prefill chunks beside decodes) are modelled, not measured"),
                "KV capacity comes from the instances' CacheConfig (memory_gib or num_blocks)"))
-    return _with_errors(model, prefill, decode)
+    return _with_errors(model, prefill, decode, mixed)
 
 
-def _with_errors(model: CostModel, prefill, decode) -> CostModel:
+def _with_errors(model: CostModel, prefill, decode, mixed) -> CostModel:
     """The model with its fit report: every measured row, its prediction, the relative error."""
     rows = [{"kind": "prefill", "tokens": n, "measured_s": s, "model_s": model.prefill_s(n)}
             for n, s in prefill]
     rows += [{"kind": "decode", "batch": b, "context": c, "measured_s": s,
               "model_s": model.decode_step_s(b, c)} for b, s, c in decode]
+    rows += [{"kind": "mixed", "tokens": n, "batch": b, "context": c, "measured_s": s,
+              "model_s": model.mixed_s(n, b, c)} for n, b, s, c in mixed]
     for row in rows:
         row["relative_error"] = row["model_s"] / row["measured_s"] - 1.0
     worst = {kind: max(abs(r["relative_error"]) for r in rows if r["kind"] == kind)
-             for kind in ("prefill", "decode")}
+             for kind in ("prefill", "decode", "mixed") if any(r["kind"] == kind for r in rows)}
     from dataclasses import replace
 
     return replace(model, fit={"rows": rows, "max_abs_relative_error": worst})

@@ -7,6 +7,8 @@
   greedy and sampled (temperature 0.7, top_p 0.95: what most traffic asks for), each step
   against its floor: every weight read once at the measured bandwidth plus its FLOPs at the
   measured matmul rate.
+- Mixed forwards: a fresh prompt of 256 and of 1,024 tokens beside one and beside 16 decodes
+  (what a co-located instance runs); the simulator's cost model is fitted to them too.
 - The machine: bfloat16 matmul rate (a large square matmul) and memory read bandwidth.
 - Ratios: prefill model FLOP/s at ChunkSize over the matmul rate; decode step time at batch 1 over
   the time to read every weight once at the measured bandwidth; optionally decode tokens/s against
@@ -33,12 +35,17 @@ from common.block_pool import KVCacheManager
 from common.config import ConfigError, EngineConfig
 from common.engine import cpu_features
 from common.engine.model_runner import ModelRunner
+from common.engine.profile_report import print_summary, write_report
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
 from common.schedulers.costs import PROFILE_RECORD, IterationCosts
 
 PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
+# Mixed forwards, a fresh prompt beside running decodes (what a co-located instance runs): a short
+# and a long prompt, each beside one and beside 16 decodes at the decode context.
+MIXED_PREFILL_SIZES = [256, 1024]
+MIXED_DECODE_BATCHES = [1, 16]
 KNEE_FRACTION = 0.9
 GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0)
 SAMPLED = SamplingParams(max_tokens=1 << 20, temperature=0.7, top_p=0.95)
@@ -93,7 +100,8 @@ def machine_limits(dtype: torch.dtype, repeats: int = 5) -> dict:
 
 
 class _Bench:
-    """Hand-built plans on a runner: fresh prefills of N tokens, decode steps at batch B."""
+    """Hand-built plans on a runner: fresh prefills of N tokens, decode steps at batch B, and
+    the two in one forward."""
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
@@ -110,6 +118,9 @@ class _Bench:
         seq_id = f"prefill-{self.counter}"
         self.counter += 1
         blocks = self.kv.grow(seq_id, num_tokens)
+        if blocks is None:
+            raise ConfigError(f"KV pool too small for a {num_tokens}-token prompt beside what "
+                              "the profile holds: raise --num-blocks or leave it unset")
         plan = BatchPlan([ScheduledChunk(seq_id, self._tokens(num_tokens), 0, blocks, GREEDY)])
         return plan, lambda: self.kv.free(seq_id)
 
@@ -141,6 +152,24 @@ class _Bench:
         plan, release = self.prefill_plan(num_tokens)
         try:
             return _timed(lambda: self.runner.execute(plan), repeats)
+        finally:
+            release()
+
+    def mixed_seconds(self, num_tokens: list[int], batch: int, context: int, repeats: int
+                      ) -> list[float]:
+        """Seconds of a forward of one fresh prompt of each of `num_tokens` beside one decode
+        step of `batch` sequences (filled once, reused for every prompt size)."""
+        decode, release = self.decode_plan(batch, context)
+        try:
+            seconds = []
+            for n in num_tokens:
+                prefill, free = self.prefill_plan(n)
+                plan = BatchPlan(prefill.chunks + decode.chunks)
+                try:
+                    seconds.append(_timed(lambda: self.runner.execute(plan), repeats))
+                finally:
+                    free()
+            return seconds
         finally:
             release()
 
@@ -191,6 +220,25 @@ def profile_decode(bench: _Bench, batches: list[int], context: int, repeats: int
     return rows
 
 
+def profile_mixed(bench: _Bench, sizes: list[int], batches: list[int], context: int,
+                  repeats: int, progress) -> list[dict]:
+    rows = []
+    for b in batches:
+        for n, seconds in zip(sizes, bench.mixed_seconds(sizes, b, context, repeats)):
+            rows.append({"prefill_tokens": n, "batch": b, "context": context,
+                         "seconds": seconds})
+            progress(f"mixed {n:5d}-token prompt + {b:3d} decodes: {seconds * 1e3:.1f} ms")
+    return rows
+
+
+def mixed_shapes(options: ProfileOptions) -> tuple[list[int], list[int]]:
+    """The mixed rows' prompt sizes and decode batches within the profile's limits (half the
+    largest prompt when both default sizes are over it)."""
+    sizes = [n for n in MIXED_PREFILL_SIZES if n <= options.max_prefill_tokens]
+    batches = [b for b in MIXED_DECODE_BATCHES if b <= options.max_decode_batch]
+    return sizes or [max(options.max_prefill_tokens // 2, 1)], batches
+
+
 def decode_floor_seconds(runner: ModelRunner, limits: dict, batch: int, context: int) -> float:
     """What a decode step needs at least: every weight read once at the measured bandwidth plus
     the step's FLOPs (matmuls, attention over `context`, logits) at the measured matmul rate.
@@ -223,11 +271,14 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     batches = [b for b in DECODE_BATCHES if b <= options.max_decode_batch]
     decode = profile_decode(bench, batches, options.decode_context, options.repeats, limits,
                             progress)
+    mixed = profile_mixed(bench, *mixed_shapes(options), options.decode_context,
+                          options.repeats, progress)
     chunk_size = knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,
         "threads": torch.get_num_threads(), "cpu": cpu, "machine": limits,
-        "prefill": prefill, "decode": decode, "decode_context": options.decode_context,
+        "prefill": prefill, "decode": decode, "mixed": mixed,
+        "decode_context": options.decode_context,
         "recommended_chunk_size": chunk_size,
         "ratios": _ratios(runner, limits, prefill, decode, chunk_size),
         "options": asdict(options),
@@ -236,21 +287,22 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
         from common.engine.hf_baseline import compare_decode
 
         report["hf_decode"] = compare_decode(runner, decode, options.decode_context, progress)
-    _write(report, Path(options.out_dir))
+    write_report(report, Path(options.out_dir))
     _record(report, config.model.cache_dir)
-    _print_summary(report)
+    print_summary(report)
     runner.close()
     return report
 
 
 def _sized_for(config: EngineConfig, options: ProfileOptions) -> EngineConfig:
-    """Without --num-blocks, a KV pool holding the largest decode batch in any dtype (a fixed
-    memory budget held half as many float32 tokens as bfloat16 ones)."""
+    """Without --num-blocks, a KV pool holding the largest decode batch and the largest prompt
+    at once (the mixed rows), in any dtype (a fixed memory budget held half as many float32
+    tokens as bfloat16 ones)."""
     if config.cache.num_blocks is not None:
         return config
     block = config.cache.block_size
     per_sequence = -(-(options.decode_context + 1) // block)
-    needed = max(options.max_decode_batch * per_sequence, -(-options.max_prefill_tokens // block))
+    needed = options.max_decode_batch * per_sequence + -(-options.max_prefill_tokens // block)
     return replace(config, cache=replace(config.cache, num_blocks=needed + 1))
 
 
@@ -289,6 +341,7 @@ def _record(report: dict, cache_dir: str) -> None:
                          for r in report["prefill"]]
     record["decode"] = [{"batch": r["batch"], "step_seconds": r["step_seconds"]}
                         for r in report["decode"]]
+    record["mixed"] = report.get("mixed", [])  # the simulator's fit reads them (simulator/fit.py)
     path.write_text(json.dumps(record))
 
 
@@ -316,47 +369,3 @@ def measure_costs(runner: ModelRunner, repeats: int = 1) -> IterationCosts:
         finally:
             release()
     return IterationCosts(tuple(prefill), tuple(decode), source="measured at start-up")
-
-
-def _write(report: dict, out_dir: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "profile.json").write_text(json.dumps(report, indent=2))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot([r["tokens"] for r in report["prefill"]],
-              [r["tokens_per_s"] for r in report["prefill"]], marker="o")
-    left.axvline(report["recommended_chunk_size"], color="red", linestyle="--",
-                 label=f"ChunkSize {report['recommended_chunk_size']}")
-    left.set(xscale="log", xlabel="tokens per forward", ylabel="prefill tokens/s",
-             title=f"Prefill ({report['model']}, {report['dtype']})")
-    left.legend()
-    right.plot([r["batch"] for r in report["decode"]],
-               [r["tokens_per_s"] for r in report["decode"]], marker="o")
-    right.set(xscale="log", xlabel="decode batch size", ylabel="decode tokens/s",
-              title=f"Decode ({report['decode_context']} tokens of context)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "profile.png", dpi=120)
-    plt.close(fig)
-
-
-def _print_summary(report: dict) -> None:
-    r = report["ratios"]
-    lines = [f"recommended ChunkSize: {report['recommended_chunk_size']} tokens",
-             f"prefill at ChunkSize: {r['prefill_fraction_of_matmul_rate']:.2f} x measured "
-             f"{report['dtype']} matmul rate"]
-    if "decode_batch1_over_weight_stream" in r:
-        lines.append(f"decode batch 1: {r['decode_batch1_over_weight_stream']:.2f} x the time to "
-                     f"read the weights once ({r['weight_stream_seconds'] * 1e3:.1f} ms)")
-    for row in report["decode"]:
-        if row["batch"] in (1, 32, 128):
-            lines.append(f"decode batch {row['batch']}: {row['step_over_floor']:.2f} x its floor "
-                         f"({row['floor_seconds'] * 1e3:.1f} ms); sampled (temperature 0.7, "
-                         f"top_p 0.95) {row['sampled_over_greedy']:.2f} x the greedy step")
-    for row in report.get("hf_decode", {}).get("ratios", []):
-        lines.append(f"decode batch {row['ours_batch']} vs transformers generate batch "
-                     f"{row['hf_batch']}: {row['speedup']:.2f}x tokens/s")
-    print("\n".join(lines))

@@ -19,13 +19,17 @@ def test_profile_writes_a_report_with_ratios_and_a_chunk_size(tiny_models, tmp_p
     sizes = [row["tokens"] for row in report["prefill"]]
     assert sizes == [1, 2, 4, 8, 16]
     assert [row["batch"] for row in report["decode"]] == [1, 2, 4]
+    # mixed rows within the limits: half the largest prompt beside one decode
+    assert [(r["prefill_tokens"], r["batch"]) for r in report["mixed"]] == [(8, 1)]
+    assert all(r["seconds"] > 0 for r in report["mixed"])
     assert report["recommended_chunk_size"] in sizes
     assert report["ratios"]["prefill_fraction_of_matmul_rate"] > 0
     assert report["ratios"]["decode_batch1_over_weight_stream"] > 0
     assert "native matmul dtypes" in report["cpu"]
     assert (out / "profile.png").stat().st_size > 0
     # The knee is recorded for the roles that read it (ChunkSize default).
-    assert (tmp_path / "cache" / "profile.json").exists()
+    record = json.loads((tmp_path / "cache" / "profile.json").read_text())
+    assert record["mixed"] == report["mixed"]  # the simulator's fit reads them
 
 
 def test_profile_with_a_pool_too_small_for_the_batch_says_so(tiny_models, tmp_path):

@@ -50,16 +50,38 @@ def test_the_helpers_agree_with_the_formula():
     assert COSTS.transfer_s(Link(1e6, 0.002), 5) == pytest.approx(0.007)
 
 
-def roofline_record(a=0.01, b=1e-4, pair=1e-8, row=1e-3, ctx=2e-6, context=256) -> dict:
-    """A profile record made from known coefficients (weights-bound below 100 tokens)."""
+def test_a_mixed_forward_pays_the_mixed_constant_once():
+    mixed_costs = replace(COSTS, per_mixed_forward_s=0.05)
+    prompt, decode = chunk(300, 0, True), chunk(1, 200, True)
+    for plan in (BatchPlan([prompt]), BatchPlan([decode, chunk(1, 90, True)]),
+                 BatchPlan([prompt, chunk(20, 40, False)])):  # no decode: no mixed cost
+        assert mixed_costs.forward_s(plan) == pytest.approx(COSTS.forward_s(plan))
+    mixed = BatchPlan([prompt] + [chunk(1, 200, True) for _ in range(4)])
+    assert mixed_costs.forward_s(mixed) == pytest.approx(COSTS.forward_s(mixed) + 0.05)
+    assert mixed_costs.mixed_s(300, 4, 200) == pytest.approx(mixed_costs.forward_s(mixed))
+    assert mixed_costs.scaled(2.0).per_mixed_forward_s == pytest.approx(0.1)
+
+
+def roofline_record(a=0.01, b=1e-4, pair=1e-8, row=1e-3, ctx=2e-6, context=256,
+                    mix: float | None = None) -> dict:
+    """A profile record made from known coefficients (weights-bound below 100 tokens); with
+    `mix`, mixed rows whose forwards cost that much beyond their parts."""
     def fresh(n):
         return max(a, b * n) + pair * n * (n + 1) / 2
 
-    return {"model": "made-up", "dtype": "float32", "threads": 1, "decode_context": context,
-            "recommended_chunk_size": 128,
-            "prefill": [{"tokens": n, "seconds": fresh(n) + row} for n in PREFILL_SIZES],
-            "decode": [{"batch": b_, "step_seconds": fresh(b_) + b_ * row
-                        + b_ * context * (ctx + pair)} for b_ in DECODE_BATCHES]}
+    def decode(b_):
+        return b_ * row + b_ * context * (ctx + pair)
+
+    record = {"model": "made-up", "dtype": "float32", "threads": 1, "decode_context": context,
+              "recommended_chunk_size": 128,
+              "prefill": [{"tokens": n, "seconds": fresh(n) + row} for n in PREFILL_SIZES],
+              "decode": [{"batch": b_, "step_seconds": fresh(b_) + decode(b_)}
+                         for b_ in DECODE_BATCHES]}
+    if mix is not None:
+        record["mixed"] = [{"prefill_tokens": n, "batch": b_, "context": context,
+                            "seconds": fresh(n + b_) + row + decode(b_) + mix}
+                           for n in (256, 1024) for b_ in (1, 16)]
+    return record
 
 
 def test_the_fit_recovers_known_coefficients():
@@ -70,6 +92,19 @@ def test_the_fit_recovers_known_coefficients():
     assert model.fit["max_abs_relative_error"]["prefill"] < 0.01
     assert model.fit["max_abs_relative_error"]["decode"] < 0.02
     assert model.chunk_size == 128 and model.kv_bytes_per_token == 1000
+
+
+def test_the_fit_recovers_the_mixed_constant_from_mixed_rows():
+    model = fit_profile(roofline_record(mix=0.02), kv_bytes=1000)
+    assert model.per_mixed_forward_s == pytest.approx(0.02, rel=0.1)
+    assert model.per_sampled_row_s == pytest.approx(1e-3, rel=0.05)
+    assert model.fit["max_abs_relative_error"]["mixed"] < 0.02
+    assert any("mixed forwards measured (4 rows)" in note for note in model.notes)
+    assert [r["kind"] for r in model.fit["rows"]].count("mixed") == 4
+    without = fit_profile(roofline_record(), kv_bytes=1000)
+    assert without.per_mixed_forward_s == 0.0
+    assert "mixed" not in without.fit["max_abs_relative_error"]
+    assert any("modelled, not measured" in note for note in without.notes)
 
 
 def test_the_fit_of_a_real_cpu_profile_is_close_and_states_its_limits():
