@@ -3,7 +3,8 @@
 # Run on a quiet machine: these are timings. Usage: scripts/run_experiments.sh [name ...]
 # Names: profile throughput emulation phase decode interference vllm ablation prefill workloads
 #        fastserve soak overload        (no name = all, in this order); inter = decode's inter part;
-#        ablation1024 (E7 at budget 1024), tetriinfer (E14 whole; PREDICTOR=dir, WORKLOADS=...)
+#        ablation1024 (E7 at budget 1024), tetriinfer (E14 whole; PREDICTOR=dir, WORKLOADS=...),
+#        e10 (the probe on the whole committed engine-label journal, seeds 0-2)
 # SAMPLED=1: the `bench compare` runs with temperature 0.7, top_p 0.95 (what most users send),
 # into OUT_sampled directories beside the greedy ones.
 set -euo pipefail
@@ -98,6 +99,24 @@ run_fastserve() {
   log skip-join MLFQ
   $S bench compare --systems vllm,fastserve-naive,fastserve --num-requests 48 --rate 2 \
      --max-tokens 256 --ignore-eos "${SAMPLING[@]}" --out $OUT/compare_fastserve$SUFFIX
+}
+# E10: train / eval ranges whole from the committed journal (nothing generated where it covers
+# them), features once (cached beside the dataset), heads for 3 seeds. G = 50 at the 512-token
+# cap gives 11 buckets, about the paper's count if its outputs ran to ~2,048 tokens (assumed).
+run_e10() {
+  log E10 length predictor
+  local data=results/length_predictor/data-journal
+  mkdir -p $data
+  [ -f $data/engine-labels.jsonl ] || cp $OUT/length_predictor/engine-labels.jsonl $data/
+  $S predictor build-dataset --labels engine --eval-fraction 0.2 --dtype bfloat16 --threads 2 \
+     --max-num-seqs 128 --out $data
+  for seed in 0 1 2; do
+    $S predictor train --kind probe --dataset $data --granularity 50,100,200,400 --seed $seed \
+       --threads 2 --out results/length_predictor/probe-journal-s$seed
+    mkdir -p $OUT/length_predictor/e10/seed$seed
+    cp results/length_predictor/probe-journal-s$seed/{summary.json,table.md} \
+       $OUT/length_predictor/e10/seed$seed/
+  done
 }
 run_soak() { log soak; bash scripts/soak.sh "$OUT/soak"; }
 run_overload() { log overload; bash scripts/overload.sh "$OUT/overload"; }
