@@ -119,8 +119,8 @@ class InstanceRegistry:
             self.instances[stats.instance_id] = InstanceState(
                 stats, now, num_sent=self._echo(stats), first_seen=now)
         elif is_repeat(state.stats, stats):
-            # The store hands back the last report on every sync until the instance writes a
-            # new one (it cannot while a long forward runs): what was sent since is still owed.
+            # During a long forward the instance's heartbeat resends its last report, and the
+            # store hands it back on every sync: it says nothing about what was sent since.
             state.last_seen = time.monotonic()
             return False
         else:
