@@ -116,24 +116,48 @@ def e9() -> list[str]:
                 f"{spread_over(runs, systems, 'TTFT mean')} (TTFT mean)")
 
 
+def _e10_seeds() -> dict[int, list[dict]] | None:
+    """granularity -> the seeds' summary rows of the probe on the whole journal (e10/seed*)."""
+    by_g: dict[int, list[dict]] = {}
+    for seed in (0, 1, 2):
+        rows = load(f"length_predictor/e10/seed{seed}/summary.json")
+        if rows is None:
+            return None
+        for r in rows:
+            by_g.setdefault(r["granularity"], []).append(r)
+    return by_g
+
+
 def e10() -> list[str]:
-    base = "length_predictor/sixth-session"
-    names = [base]
+    names = ["length_predictor/e10", "length_predictor/sixth-session"]
     paper = "74.9% exact bucket at G = 200 (OPT-125M for OPT-13B, 75K examples)"
-    verdict = "met; the margins are within the standard error"
+    verdict = ("8 points over the majority at G = 200, below the paper's 74.9% and the sixth "
+               "session's one split; the labels themselves agree across runs 83% at G = 200")
+    base = "length_predictor/sixth-session"
     found = {key: load(f"{base}/{key}/summary.json")
-             for key in ("classifier-l18-2900", "probe-layers-h5-2900", "probe-layers-2900")}
-    if None in found.values():
+             for key in ("classifier-l18-2900", "probe-layers-h5-2900")}
+    seeds = _e10_seeds()
+    if None in found.values() or seeds is None:
         return _missing("E10 length predictor (TetriInfer §5.2.2)", paper, verdict, names)
-    at200 = {k: next(r for r in v if r["granularity"] == 200) for k, v in found.items()}
-    c, p, p3 = (at200[k] for k in ("classifier-l18-2900", "probe-layers-h5-2900",
-                                   "probe-layers-2900"))
-    se = 100 * binomial_se(c["accuracy"], c["num_eval"])
-    ours = (f"classifier {100 * c['accuracy']:.1f}%, probe {100 * p['accuracy']:.1f}% "
-            f"({100 * p3['accuracy']:.1f}% with 3 heads a layer); {c['num_train_examples']:,} "
-            f"train, {c['num_eval']} held out; majority {100 * c['majority_accuracy']:.1f}%")
+    c, p = (next(r for r in v if r["granularity"] == 200) for v in found.values())
+
+    def at(g: int) -> str:
+        acc = [100 * r["accuracy"] for r in seeds[g]]
+        first = seeds[g][0]
+        return (f"G = {g} ({len(first['label_distribution'])} buckets) "
+                f"{statistics.fmean(acc):.1f} ± {statistics.stdev(acc):.1f}%, majority "
+                f"{100 * first['majority_accuracy']:.1f}%")
+    first = seeds[200][0]
+    ours = (f"probe, whole journal ({first['num_train_examples']:,} train, "
+            f"{first['num_eval']:,} held out, seeds 0-2): {at(200)}; {at(50)}. Sixth session "
+            f"({c['num_train_examples']:,} train, {c['num_eval']} held out, one split): "
+            f"classifier {100 * c['accuracy']:.1f}%, probe {100 * p['accuracy']:.1f}%")
+    acc = [r["accuracy"] for r in seeds[200]]
+    se = 100 * binomial_se(statistics.fmean(acc), first["num_eval"])
     return _row("E10 length predictor (TetriInfer §5.2.2)", paper, verdict, names, ours,
-                "1 per predictor", "- (one split)", f"standard error ±{se:.1f} points")
+                "3 (heads' seeds) + 2", "0, 1, 2",
+                f"sd {statistics.stdev(100 * a for a in acc):.1f} points over seeds; "
+                f"standard error ±{se:.1f} points")
 
 
 def e12() -> list[str]:

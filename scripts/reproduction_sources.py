@@ -41,6 +41,7 @@ SESSIONS = {
     7: (ZEN5, "a session of 2026-11-27, committed 04:43 UTC"),
     8: (AVX2, "a session of 2026-11-27, 08:55-11:55 UTC (family 25, Zen 3)"),
     9: (AVX2, "a session of 2026-11-27, 12:27-15:27 UTC (family 25, Zen 3)"),
+    10: (ZEN5, "a session of 2026-11-27, 15:32-18:32 UTC (family 26, Zen 5)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -62,6 +63,7 @@ HOSTS = {
     "decode_inter_current": 7, "compare_phase_shift": 8,
     "compare_tetriinfer_LPHD": 9, "compare_tetriinfer_Mixed": 9,
     "compare_sarathi_ablation_budget1024": 9,
+    "length_predictor/e10": 10,
 }
 
 
