@@ -63,7 +63,10 @@ HOSTS = {
     "decode_inter_current": 7, "compare_phase_shift": 8,
     "compare_tetriinfer_LPHD": 9, "compare_tetriinfer_Mixed": 9,
     "compare_sarathi_ablation_budget1024": 9,
-    "length_predictor/e10": 10,
+    "length_predictor/e10": 10, "compare_tetriinfer_Mixed_zen5": 10,
+    "compare_tetriinfer_Mixed_zen5_sampled": 10,
+    "compare_sarathi_ablation_budget1024_zen5": 10,
+    "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
 }
 
 
