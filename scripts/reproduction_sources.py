@@ -64,7 +64,8 @@ HOSTS = {
     "compare_tetriinfer_LPHD": 9, "compare_tetriinfer_Mixed": 9,
     "compare_sarathi_ablation_budget1024": 9,
     "length_predictor/e10": 10, "compare_tetriinfer_Mixed_zen5": 10,
-    "compare_tetriinfer_Mixed_zen5_sampled": 10,
+    "compare_tetriinfer_Mixed_zen5_sampled": 10, "compare_tetriinfer_LPLD_zen5": 10,
+    "compare_tetriinfer_LPLD_zen5_sampled": 10,
     "compare_sarathi_ablation_budget1024_zen5": 10,
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
 }
