@@ -128,10 +128,8 @@ class InstanceWorker:
         if self._pending_flip is not None and self.role.is_drained:
             self._finish_flip()
         if time.monotonic() >= self._next_report:
-            # Before the forward, not after: the report then counts what was just received, and
-            # it stands for the whole forward (the gateway's count of what it sent since the
-            # last report is dropped on each new one; sent during a forward and reported after
-            # it, a request would be forgotten until the next report).
+            # Before the forward, not after: the report then counts what was just received
+            # (requests_seen included), and it stands for the whole forward.
             self._report()
         plan = self.role.schedule()
         if not plan.is_empty:
