@@ -29,6 +29,9 @@ from bench.client import run_load
 from bench.cluster import ClusterProcess
 from bench.run import BenchOptions, load_tokenizer
 from bench.workload import BenchRequest, sample_sharegpt_requests
+from common.config import ConfigError
+from common.sharegpt import normalize_prompt
+from length_predictor.base import read_meta
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,24 @@ def _workload(options: DecodeExperimentOptions, count: int) -> list[BenchRequest
     tokenizer = load_tokenizer(BenchOptions())
     return sample_sharegpt_requests(tokenizer, count, options.max_tokens, options.seed,
                                     max_prompt_tokens=options.max_prompt_tokens)
+
+
+def predictor_overlap(predictor: str, requests: list[BenchRequest]) -> dict:
+    """How many of the workload's prompts the predictor was trained or scored on, from the
+    dataset its predictor.json names (its train.jsonl and eval.jsonl). Raises ConfigError when
+    any is: a predictor must never have seen the workload it is measured on."""
+    dataset = Path(read_meta(predictor).dataset)
+    files = [dataset / f"{part}.jsonl" for part in ("train", "eval")]
+    if not all(f.is_file() for f in files):
+        return {"dataset": str(dataset), "checked": False}
+    seen = {normalize_prompt(json.loads(line)["prompt"]) for f in files
+            for line in f.read_text().splitlines() if line.strip()}
+    overlap = sum(normalize_prompt(r.prompt) in seen for r in requests)
+    if overlap:
+        raise ConfigError(f"{overlap} of the {len(requests)} workload prompts are in the "
+                          f"predictor's dataset {dataset}: train it on the split's train range")
+    return {"dataset": str(dataset), "checked": True, "dataset_prompts": len(seen),
+            "workload_prompts_seen": 0}
 
 
 def _run(args: list[str], requests: list[BenchRequest], log: Path) -> tuple[list, dict]:
@@ -141,8 +162,13 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run_decode_experiment(options: DecodeExperimentOptions) -> dict:
+    checks = {}
+    if options.experiment == "intra" and options.predictor:  # before any run: fail fast
+        checks["predictor_overlap"] = predictor_overlap(
+            options.predictor, _workload(options, options.num_requests))
+        print(json.dumps(checks), flush=True)
     rows = intra(options) if options.experiment == "intra" else inter(options)
-    result = {"options": asdict(options), "rows": rows}
+    result = {"options": asdict(options), "rows": rows, **checks}
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{options.experiment}.json").write_text(json.dumps(result, indent=1))
