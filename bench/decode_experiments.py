@@ -27,6 +27,7 @@ from pathlib import Path
 
 from bench.client import run_load
 from bench.cluster import ClusterProcess
+from bench.machine import cpu_kind
 from bench.run import BenchOptions, load_tokenizer
 from bench.workload import BenchRequest, sample_sharegpt_requests
 from common.config import ConfigError
@@ -168,7 +169,7 @@ def run_decode_experiment(options: DecodeExperimentOptions) -> dict:
             options.predictor, _workload(options, options.num_requests))
         print(json.dumps(checks), flush=True)
     rows = intra(options) if options.experiment == "intra" else inter(options)
-    result = {"options": asdict(options), "rows": rows, **checks}
+    result = {"options": asdict(options), "machine": {"cpu": cpu_kind()}, "rows": rows, **checks}
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{options.experiment}.json").write_text(json.dumps(result, indent=1))
