@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from length_predictor.buckets import Bucketing  # noqa: E402
+from length_predictor.buckets import Bucketing
 
 
 def read_journal(path: Path) -> tuple[dict, dict[int, int]]:

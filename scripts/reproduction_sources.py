@@ -42,6 +42,7 @@ SESSIONS = {
     8: (AVX2, "a session of 2026-11-27, 08:55-11:55 UTC (family 25, Zen 3)"),
     9: (AVX2, "a session of 2026-11-27, 12:27-15:27 UTC (family 25, Zen 3)"),
     10: (ZEN5, "a session of 2026-11-27, 15:32-18:32 UTC (family 26, Zen 5)"),
+    11: (XEON, "a session of 2026-11-27, 18:45-21:45 UTC (family 6 model 85, AVX-512 VNNI)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -68,6 +69,7 @@ HOSTS = {
     "compare_tetriinfer_LPLD_zen5_sampled": 10,
     "compare_sarathi_ablation_budget1024_zen5": 10,
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
+    "compare_phase_shift_xeon": 11,
 }
 
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import reproduction_experiments as experiments  # noqa: E402
 import reproduction_glance as glance  # noqa: E402
+import reproduction_seeded as seeded  # noqa: E402
 from reproduction_sources import (NO_DATA, ROOT, Compare, compare, data_line, pm,  # noqa: E402
                                   seeds_text, spread, spread_over, table)
 
@@ -207,10 +208,10 @@ PHASE_COLS = [Col("TTFT mean (ms)", "TTFT mean"), Col("TTFT p99", "TTFT p99"),
               Col("JCT mean (s)", "JCT mean", 2, 1e-3), Col("output tok/s", "output tok/s", 1)]
 
 
-def e16() -> list[str]:
-    rows = [(label, "compare_phase_shift", s) for s, label in PHASE.items()]
+def e16(name: str = "compare_phase_shift") -> list[str]:
+    rows = [(label, name, s) for s, label in PHASE.items()]
     lines = compare_region("layout", rows, PHASE_COLS, "JCT mean")
-    run = compare("compare_phase_shift")
+    run = compare(name)
     if run is not None and all(run.has(s) for s in PHASE):
         flips = "; ".join(f"{PHASE[s]}: " + ", ".join(str(len(r.get("flips", [])))
                                                      for r in run.runs(s)) for s in PHASE)
@@ -226,7 +227,8 @@ BUILDERS = {
     "vllm-s5-seeds": vllm_s5_seeds, "vllm-s4": vllm_s4, "vllm-s4-rerun": vllm_s4_rerun,
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
     "E7-1024": e7_budget1024,
-    "E17": e17, "E17-rate5": e17_rate5, "E16": e16, **experiments.BUILDERS,
+    "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
+    "E16-xeon": lambda: e16("compare_phase_shift_xeon"), **experiments.BUILDERS,
 }
 
 

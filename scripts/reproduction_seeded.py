@@ -1,0 +1,86 @@
+"""Per-experiment tables of docs/reproduction.md from seeded reruns of the decode experiments:
+E12 with three seeds and a predictor checked against its workload (for
+scripts/reproduction_tables.py).
+
+This module owns how `decode_intra_<host>/seed<N>/intra.json` files are read together; the
+single-run E12 table of the first session stays in reproduction_experiments.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from reproduction_sources import NO_DATA, data_line, load, overlap, pct1, pm, table
+
+E12_SEEDS = (0, 1, 2)
+E12_RERUN = "decode_intra_xeon"
+E12_ADMISSIONS = ("greedy", "reserve-static", "reserve-dynamic")
+E12_HEADER = ["lengths", "admission", "mean JCT (s), mean ± sd", "per seed (s)",
+              "vs greedy, per seed", "vs greedy, verdict", "preemptions per seed"]
+
+
+def intra_runs(name: str = E12_RERUN) -> list[dict] | None:
+    """Each seed's intra.json (seed order), or None when one is not committed."""
+    runs = [load(f"{name}/seed{seed}/intra.json") for seed in E12_SEEDS]
+    return None if None in runs else runs
+
+
+def _jct(runs: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """(lengths, admission) -> mean JCT of each seed."""
+    jct: dict[tuple[str, str], list[float]] = {}
+    for data in runs:
+        for r in data["rows"]:
+            jct.setdefault((r["lengths"], r["admission"]), []).append(r["mean_jct_s"])
+    return jct
+
+
+def _verdict(values: list[float], greedy: list[float]) -> str:
+    """Lower / higher on every seed with disjoint ranges, else not distinguishable."""
+    if overlap(values, greedy):
+        return "not distinguishable"
+    return "lower on every seed" if max(values) < min(greedy) else "higher on every seed"
+
+
+def e12_seeds(name: str = E12_RERUN) -> list[str]:
+    runs = intra_runs(name)
+    if runs is None:
+        return table(E12_HEADER, [[NO_DATA, "", "", "", "", "", ""]])
+    jct = _jct(runs)
+    preemptions: dict[tuple[str, str], list[int]] = {}
+    for data in runs:
+        for r in data["rows"]:
+            preemptions.setdefault((r["lengths"], r["admission"]), []).append(r["preemptions"])
+    body = []
+    for (lengths, admission), values in jct.items():
+        greedy = jct[lengths, "greedy"]
+        is_base = admission == "greedy"
+        body.append([lengths, admission, pm(statistics.mean(values), statistics.stdev(values), 1),
+                     ", ".join(f"{v:.1f}" for v in values),
+                     "" if is_base else ", ".join(pct1(v, g) for v, g in zip(values, greedy)),
+                     "" if is_base else _verdict(values, greedy),
+                     ", ".join(map(str, preemptions[lengths, admission]))])
+    return [*table(E12_HEADER, body), "", *_provenance(name, runs, jct)]
+
+
+def _provenance(name: str, runs: list[dict], jct: dict) -> list[str]:
+    errors = sum(sum(r["errors"].values()) for data in runs for r in data["rows"])
+    checks = [data.get("predictor_overlap", {}) for data in runs]
+    seen = [c.get("workload_prompts_seen") for c in checks]
+    size = checks[0].get("dataset_prompts")
+    greedy_gap = ", ".join(pct1(p, t) for p, t in zip(jct["predicted", "greedy"],
+                                                          jct["true", "greedy"])) \
+        if ("predicted", "greedy") in jct else "-"
+    check = (f"the predictor's dataset ({size:,} prompts) holds {max(seen)} of the "
+             f"{runs[0]['options']['num_requests']} workload prompts on every seed "
+             "(checked by the bench before each run)" if None not in seen and size
+             else "the predictor was not checked against the workload")
+    sd = [100 * statistics.stdev(v) / statistics.mean(v) for v in jct.values()]
+    noise = (f"The two greedy runs of a seed ignore predictions: predicted-greedy vs true-greedy "
+             f"per seed {greedy_gap} (run-to-run noise). Predictor: {check}.")
+    return [data_line([name], f"1 per policy and seed ({errors} failed requests)",
+                      ", ".join(map(str, E12_SEEDS)),
+                      f"sd {min(sd):.0f}-{max(sd):.0f}% of the mean over seeds (mean JCT)"), "",
+            noise]
+
+
+BUILDERS = {"E12-seeds": e12_seeds}
