@@ -46,6 +46,9 @@ class DecodeExperimentOptions:
     predictor: str | None = None  # a trained predictor directory (intra, "predicted" series)
     seed: int = 0
     policies: str = "power_of_two,power_of_two_ratio,random,round_robin,imbalance"  # inter
+    # intra: which lengths:admission runs, comma-separated ("" = all six). Greedy ignores the
+    # lengths, so "true:greedy" alone serves as both series' baseline when runs are dear.
+    runs: str = ""
     extra_args: tuple[str, ...] = ()
     out: str = "results/decode_experiments"
 
@@ -90,23 +93,38 @@ def _decodes(view: dict) -> list[dict]:
     return [i for i in view["instances"] if i["role"] == "decode"]
 
 
+INTRA_ADMISSIONS = ("greedy", "reserve-static", "reserve-dynamic")
+
+
+def intra_runs(options: DecodeExperimentOptions) -> list[tuple[str, str]]:
+    """The (lengths, admission) pairs to run, in the order they run."""
+    lengths = ("true", "predicted") if options.predictor else ("true",)
+    every = [(length, admission) for length in lengths for admission in INTRA_ADMISSIONS]
+    if not options.runs:
+        return every
+    chosen = [tuple(run.split(":", 1)) for run in options.runs.split(",")]
+    unknown = [":".join(run) for run in chosen if run not in every]
+    if unknown:
+        raise ConfigError(f"unknown intra runs {', '.join(unknown)}; known: "
+                          f"{', '.join(':'.join(run) for run in every)}")
+    return [run for run in every if run in chosen]
+
+
 def intra(options: DecodeExperimentOptions) -> list[dict]:
     requests = _workload(options, options.num_requests)
-    predictors = [("true", ["--predictor", "oracle", "--oracle-granularity", "1"])]
-    if options.predictor:
-        predictors.append(("predicted", ["--predictor", options.predictor]))
+    predictor_args = {"true": ["--predictor", "oracle", "--oracle-granularity", "1"],
+                      "predicted": ["--predictor", str(options.predictor)]}
     rows = []
-    for label, predictor_args in predictors:
-        for admission in ("greedy", "reserve-static", "reserve-dynamic"):
-            args = ["--num-blocks", str(options.decode_blocks), "--decode-admission", admission,
-                    *predictor_args, *options.extra_args]
-            records, view = _run(args, requests, Path(options.out) / f"{label}-{admission}.log")
-            ok = [r for r in records if r.error is None]
-            rows.append({"lengths": label, "admission": admission, "num_ok": len(ok),
-                         "errors": _error_counts(records),
-                         "mean_jct_s": statistics.mean(r.jct for r in ok) if ok else None,
-                         "preemptions": sum(d["decodes"]["preemptions"] for d in _decodes(view))})
-            print(json.dumps(rows[-1]), flush=True)
+    for label, admission in intra_runs(options):
+        args = ["--num-blocks", str(options.decode_blocks), "--decode-admission", admission,
+                *predictor_args[label], *options.extra_args]
+        records, view = _run(args, requests, Path(options.out) / f"{label}-{admission}.log")
+        ok = [r for r in records if r.error is None]
+        rows.append({"lengths": label, "admission": admission, "num_ok": len(ok),
+                     "errors": _error_counts(records),
+                     "mean_jct_s": statistics.mean(r.jct for r in ok) if ok else None,
+                     "preemptions": sum(d["decodes"]["preemptions"] for d in _decodes(view))})
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -164,7 +182,9 @@ def plot(result: dict, path: Path) -> None:
 
 def run_decode_experiment(options: DecodeExperimentOptions) -> dict:
     checks = {}
-    if options.experiment == "intra" and options.predictor:  # before any run: fail fast
+    if options.experiment == "intra":  # before any run: fail fast
+        intra_runs(options)
+    if options.experiment == "intra" and options.predictor:
         checks["predictor_overlap"] = predictor_overlap(
             options.predictor, _workload(options, options.num_requests))
         print(json.dumps(checks), flush=True)

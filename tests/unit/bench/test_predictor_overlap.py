@@ -1,4 +1,5 @@
-"""The E12 guard: a predictor must never have seen the workload it is measured on."""
+"""The E12 runs: a predictor must never have seen the workload it is measured on, and the
+chosen (lengths, admission) runs."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_a_dataset_that_is_gone_is_reported_unchecked(tmp_path):
     predictor = _predictor(tmp_path, ["a"], ["b"])
     (tmp_path / "data" / "eval.jsonl").unlink()
     assert predictor_overlap(predictor, _requests("a"))["checked"] is False
+
+
+def test_intra_runs_every_pair_by_default_and_a_chosen_subset_in_order():
+    from bench.decode_experiments import DecodeExperimentOptions, intra_runs
+
+    assert len(intra_runs(DecodeExperimentOptions())) == 3  # no predictor: true lengths only
+    assert len(intra_runs(DecodeExperimentOptions(predictor="p"))) == 6
+    chosen = DecodeExperimentOptions(
+        predictor="p", runs="predicted:reserve-dynamic,true:greedy,true:reserve-dynamic")
+    assert intra_runs(chosen) == [("true", "greedy"), ("true", "reserve-dynamic"),
+                                  ("predicted", "reserve-dynamic")]
+    with pytest.raises(ConfigError, match="predicted:greedy"):
+        intra_runs(DecodeExperimentOptions(runs="true:greedy,predicted:greedy"))
