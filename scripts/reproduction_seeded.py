@@ -20,12 +20,16 @@ E12_HEADER = ["lengths", "admission", "mean JCT (s), mean ± sd", "per seed (s)"
 
 
 def intra_runs(name: str = E12_RERUN) -> list[dict] | None:
-    """Each seed's intra.json (seed order), or None when one is not committed."""
+    """The committed seeds' intra.json (seed order), or None when there is none."""
     runs = [load(f"{name}/seed{seed}/intra.json") for seed in E12_SEEDS]
-    return None if None in runs else runs
+    return [r for r in runs if r is not None] or None
 
 
-def _jct(runs: list[dict]) -> dict[tuple[str, str], list[float]]:
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def per_seed_jct(runs: list[dict]) -> dict[tuple[str, str], list[float]]:
     """(lengths, admission) -> mean JCT of each seed."""
     jct: dict[tuple[str, str], list[float]] = {}
     for data in runs:
@@ -45,16 +49,17 @@ def e12_seeds(name: str = E12_RERUN) -> list[str]:
     runs = intra_runs(name)
     if runs is None:
         return table(E12_HEADER, [[NO_DATA, "", "", "", "", "", ""]])
-    jct = _jct(runs)
+    jct = per_seed_jct(runs)
     preemptions: dict[tuple[str, str], list[int]] = {}
     for data in runs:
         for r in data["rows"]:
             preemptions.setdefault((r["lengths"], r["admission"]), []).append(r["preemptions"])
     body = []
     for (lengths, admission), values in jct.items():
-        greedy = jct[lengths, "greedy"]
+        # greedy ignores lengths: a run set without "predicted greedy" compares with true's
+        greedy = jct.get((lengths, "greedy")) or jct["true", "greedy"]
         is_base = admission == "greedy"
-        body.append([lengths, admission, pm(statistics.mean(values), statistics.stdev(values), 1),
+        body.append([lengths, admission, pm(statistics.mean(values), _sd(values), 1),
                      ", ".join(f"{v:.1f}" for v in values),
                      "" if is_base else ", ".join(pct1(v, g) for v, g in zip(values, greedy)),
                      "" if is_base else _verdict(values, greedy),
@@ -67,20 +72,21 @@ def _provenance(name: str, runs: list[dict], jct: dict) -> list[str]:
     checks = [data.get("predictor_overlap", {}) for data in runs]
     seen = [c.get("workload_prompts_seen") for c in checks]
     size = checks[0].get("dataset_prompts")
-    greedy_gap = ", ".join(pct1(p, t) for p, t in zip(jct["predicted", "greedy"],
-                                                          jct["true", "greedy"])) \
-        if ("predicted", "greedy") in jct else "-"
+    noise = ("One greedy run per seed, the baseline of both series (greedy ignores lengths)"
+             if ("predicted", "greedy") not in jct else
+             "The two greedy runs of a seed ignore predictions: predicted-greedy vs true-greedy "
+             "per seed " + ", ".join(pct1(p, t) for p, t in zip(jct["predicted", "greedy"],
+                                                                jct["true", "greedy"]))
+             + " (run-to-run noise)")
     check = (f"the predictor's dataset ({size:,} prompts) holds {max(seen)} of the "
              f"{runs[0]['options']['num_requests']} workload prompts on every seed "
              "(checked by the bench before each run)" if None not in seen and size
              else "the predictor was not checked against the workload")
-    sd = [100 * statistics.stdev(v) / statistics.mean(v) for v in jct.values()]
-    noise = (f"The two greedy runs of a seed ignore predictions: predicted-greedy vs true-greedy "
-             f"per seed {greedy_gap} (run-to-run noise). Predictor: {check}.")
+    sd = [100 * _sd(v) / statistics.mean(v) for v in jct.values()]
     return [data_line([name], f"1 per policy and seed ({errors} failed requests)",
-                      ", ".join(map(str, E12_SEEDS)),
+                      ", ".join(str(data["options"]["seed"]) for data in runs),
                       f"sd {min(sd):.0f}-{max(sd):.0f}% of the mean over seeds (mean JCT)"), "",
-            noise]
+            f"{noise}. Predictor: {check}."]
 
 
 BUILDERS = {"E12-seeds": e12_seeds}

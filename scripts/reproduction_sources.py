@@ -69,7 +69,7 @@ HOSTS = {
     "compare_tetriinfer_LPLD_zen5_sampled": 10,
     "compare_sarathi_ablation_budget1024_zen5": 10,
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
-    "compare_phase_shift_xeon": 11,
+    "decode_intra_xeon": 11, "compare_phase_shift_xeon": 11,
 }
 
 

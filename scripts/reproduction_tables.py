@@ -229,6 +229,7 @@ BUILDERS = {
     "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
     "E16-xeon": lambda: e16("compare_phase_shift_xeon"), **experiments.BUILDERS,
+    **seeded.BUILDERS,
 }
 
 

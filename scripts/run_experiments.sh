@@ -4,7 +4,8 @@
 # Names: profile throughput emulation phase decode interference vllm ablation prefill workloads
 #        fastserve soak overload        (no name = all, in this order); inter = decode's inter part;
 #        ablation1024 (E7 at budget 1024), tetriinfer (E14 whole; PREDICTOR=dir, WORKLOADS=...),
-#        e10 (the probe on the whole committed engine-label journal, seeds 0-2)
+#        e10 (the probe on the whole committed engine-label journal, seeds 0-2),
+#        e12 (E12 with a reference-label probe from the split's train range, seeds 0-2)
 # SAMPLED=1: the `bench compare` runs with temperature 0.7, top_p 0.95 (what most users send),
 # into OUT_sampled directories beside the greedy ones.
 set -euo pipefail
@@ -116,6 +117,21 @@ run_e10() {
     mkdir -p $OUT/length_predictor/e10/seed$seed
     cp results/length_predictor/probe-journal-s$seed/{summary.json,table.md} \
        $OUT/length_predictor/e10/seed$seed/
+  done
+}
+# E12 rerun as committed (docs/reproduction.md): 96 requests and three runs a seed (the CPU of
+# that run decoded ~4x slower than the first E12's); the bench refuses a predictor whose dataset
+# holds any workload prompt.
+run_e12() {
+  log E12 intra-decode admission
+  local data=results/length_predictor/data-ref-2000 probe=results/length_predictor/probe-ref-2000-g100
+  $S predictor build-dataset --labels reference --limit 2000 --max-output-tokens 256 --threads 2 \
+     --out $data
+  $S predictor train --kind probe --dataset $data --granularity 100 --seed 0 --threads 2 --out $probe
+  for seed in 0 1 2; do
+    $S bench decode-experiments intra --num-requests 96 --max-tokens 256 --predictor $probe \
+       --runs true:greedy,true:reserve-dynamic,predicted:reserve-dynamic --seed $seed $WAIT_LONG \
+       --out $OUT/decode_intra_xeon/seed$seed
   done
 }
 run_soak() { log soak; bash scripts/soak.sh "$OUT/soak"; }
