@@ -70,6 +70,7 @@ HOSTS = {
     "compare_sarathi_ablation_budget1024_zen5": 10,
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
     "decode_intra_xeon": 11, "compare_phase_shift_xeon": 11,
+    "compare_phase_shift_xeon_sampled": 11, "compare_routing_xeon_multiturn": 11,
 }
 
 

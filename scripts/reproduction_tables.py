@@ -228,7 +228,8 @@ BUILDERS = {
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
     "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
-    "E16-xeon": lambda: e16("compare_phase_shift_xeon"), **experiments.BUILDERS,
+    "E16-xeon": lambda: e16("compare_phase_shift_xeon"),
+    "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"), **experiments.BUILDERS,
     **seeded.BUILDERS,
 }
 
