@@ -110,8 +110,7 @@ def intra_runs(options: DecodeExperimentOptions) -> list[tuple[str, str]]:
     return [run for run in every if run in chosen]
 
 
-def intra(options: DecodeExperimentOptions) -> list[dict]:
-    requests = _workload(options, options.num_requests)
+def intra(options: DecodeExperimentOptions, requests: list[BenchRequest]) -> list[dict]:
     predictor_args = {"true": ["--predictor", "oracle", "--oracle-granularity", "1"],
                       "predicted": ["--predictor", str(options.predictor)]}
     rows = []
@@ -182,13 +181,15 @@ def plot(result: dict, path: Path) -> None:
 
 def run_decode_experiment(options: DecodeExperimentOptions) -> dict:
     checks = {}
-    if options.experiment == "intra":  # before any run: fail fast
-        intra_runs(options)
-    if options.experiment == "intra" and options.predictor:
-        checks["predictor_overlap"] = predictor_overlap(
-            options.predictor, _workload(options, options.num_requests))
-        print(json.dumps(checks), flush=True)
-    rows = intra(options) if options.experiment == "intra" else inter(options)
+    if options.experiment == "intra":
+        intra_runs(options)  # before any run: fail fast
+        requests = _workload(options, options.num_requests)
+        if options.predictor:
+            checks["predictor_overlap"] = predictor_overlap(options.predictor, requests)
+            print(json.dumps(checks), flush=True)
+        rows = intra(options, requests)
+    else:
+        rows = inter(options)
     result = {"options": asdict(options), "machine": {"cpu": cpu_kind()}, "rows": rows, **checks}
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import statistics
 
 import reproduction_seeded as seeded
-from reproduction_sources import (E13_SEEDS, HOSTS, NO_DATA, SESSIONS, binomial_se, committed,
-                                  compare, inter_runs, kinds, load, overlap, pct, pct1, seeds_text,
-                                  spread_over, table)
+from reproduction_sources import (E13_SEEDS, HOSTS, NO_DATA, SESSIONS, binomial_se, change,
+                                  committed, compare, inter_runs, kinds, load, pct, pct1,
+                                  seeds_text, spread_over, table)
 
 HEADER = ["experiment", "paper", "ours (from the data)", "verdict", "CPU kind", "runs", "seeds",
           "spread", "data"]
@@ -170,19 +170,16 @@ def e12() -> list[str]:
                "lengths (fewer preemptions, a smaller batch); reserve-static not rerun")
     if runs is None:
         return _missing("E12 intra-decode admission", paper, verdict, names)
-    jct = seeded.per_seed_jct(runs)
+    jct = seeded.per_seed(runs)
     greedy = jct["true", "greedy"]
 
     def versus(lengths: str) -> str:
-        values = jct[lengths, "reserve-dynamic"]
-        tag = " (n.d.)" if overlap(values, greedy) else ""
-        return f"{pct1(statistics.mean(values), statistics.mean(greedy))}{tag}"
+        return change(jct[lengths, "reserve-dynamic"], greedy, pct1)
     ours = (f"mean JCT vs greedy, reserve-dynamic: true lengths {versus('true')}, predicted "
             f"(a probe trained on the train range only) {versus('predicted')}")
-    sd = [100 * statistics.stdev(v) / statistics.mean(v) for v in jct.values() if len(v) > 1]
-    spread_text = f"sd {min(sd):.0f}-{max(sd):.0f}% of the mean (mean JCT)" if sd else "-"
     return _row("E12 intra-decode admission", paper, verdict, names, ours, "1 per policy",
-                ", ".join(str(r["options"]["seed"]) for r in runs), spread_text)
+                ", ".join(str(r["options"]["seed"]) for r in runs),
+                f"{seeded.jct_spread(jct)} (mean JCT)")
 
 
 def e13() -> list[str]:
@@ -195,8 +192,7 @@ def e13() -> list[str]:
     time = {p: [r["total_decoding_time_s"] for r in rows] for p, rows in runs.items()}
 
     def versus(policy: str) -> str:
-        tag = " (n.d.)" if overlap(time[policy], time["random"]) else ""
-        return f"{pct(statistics.mean(time[policy]), statistics.mean(time['random']))}{tag}"
+        return change(time[policy], time["random"])
     ours = ("vs random, mean of 3 seeds: " + ", ".join(
         f"{p} {versus(p)}" for p in ("power_of_two", "round_robin", "power_of_two_ratio",
                                      "imbalance") if p in time))
@@ -294,9 +290,7 @@ def e16() -> list[str]:
     drain = max(f["drain_seconds"] for f in flips) if flips else None
 
     def versus(values: dict) -> str:
-        flips, static = values["flips-2P1D"], values["static-2P1D"]
-        tag = " (n.d.)" if overlap(flips, static) else ""
-        return f"{pct(statistics.mean(flips), statistics.mean(static))}{tag}"
+        return change(values["flips-2P1D"], values["static-2P1D"])
     errors = sum(r["num_errors"] for s in layouts for r in run.runs(s))
     ours = (f"with flips vs static, JCT mean {versus(jct)}, TTFT mean {versus(ttft)}; flips per "
             f"run {', '.join(str(len(r.get('flips', []))) for r in run.runs('flips-2P1D'))}"

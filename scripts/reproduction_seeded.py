@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import statistics
 
-from reproduction_sources import NO_DATA, data_line, load, overlap, pct1, pm, table
+from reproduction_sources import NO_DATA, data_line, load, overlap, pct1, pm, spread, table
 
 E12_SEEDS = (0, 1, 2)
 E12_RERUN = "decode_intra_xeon"
-E12_ADMISSIONS = ("greedy", "reserve-static", "reserve-dynamic")
 E12_HEADER = ["lengths", "admission", "mean JCT (s), mean ± sd", "per seed (s)",
               "vs greedy, per seed", "vs greedy, verdict", "preemptions per seed"]
 
@@ -29,13 +28,18 @@ def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def per_seed_jct(runs: list[dict]) -> dict[tuple[str, str], list[float]]:
-    """(lengths, admission) -> mean JCT of each seed."""
-    jct: dict[tuple[str, str], list[float]] = {}
+def per_seed(runs: list[dict], field: str = "mean_jct_s") -> dict[tuple[str, str], list]:
+    """(lengths, admission) -> the row's `field` on each seed."""
+    values: dict[tuple[str, str], list] = {}
     for data in runs:
         for r in data["rows"]:
-            jct.setdefault((r["lengths"], r["admission"]), []).append(r["mean_jct_s"])
-    return jct
+            values.setdefault((r["lengths"], r["admission"]), []).append(r[field])
+    return values
+
+
+def jct_spread(jct: dict[tuple[str, str], list[float]]) -> str:
+    """'sd x-y% of the mean' of the runs' mean JCT over the seeds."""
+    return spread([(statistics.mean(v), _sd(v)) for v in jct.values()])
 
 
 def _verdict(values: list[float], greedy: list[float]) -> str:
@@ -49,11 +53,7 @@ def e12_seeds(name: str = E12_RERUN) -> list[str]:
     runs = intra_runs(name)
     if runs is None:
         return table(E12_HEADER, [[NO_DATA, "", "", "", "", "", ""]])
-    jct = per_seed_jct(runs)
-    preemptions: dict[tuple[str, str], list[int]] = {}
-    for data in runs:
-        for r in data["rows"]:
-            preemptions.setdefault((r["lengths"], r["admission"]), []).append(r["preemptions"])
+    jct, preemptions = per_seed(runs), per_seed(runs, "preemptions")
     body = []
     for (lengths, admission), values in jct.items():
         # greedy ignores lengths: a run set without "predicted greedy" compares with true's
@@ -82,10 +82,9 @@ def _provenance(name: str, runs: list[dict], jct: dict) -> list[str]:
              f"{runs[0]['options']['num_requests']} workload prompts on every seed "
              "(checked by the bench before each run)" if None not in seen and size
              else "the predictor was not checked against the workload")
-    sd = [100 * _sd(v) / statistics.mean(v) for v in jct.values()]
     return [data_line([name], f"1 per policy and seed ({errors} failed requests)",
                       ", ".join(str(data["options"]["seed"]) for data in runs),
-                      f"sd {min(sd):.0f}-{max(sd):.0f}% of the mean over seeds (mean JCT)"), "",
+                      f"{jct_spread(jct)} over seeds (mean JCT)"), "",
             f"{noise}. Predictor: {check}."]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -101,6 +102,13 @@ def inter_runs(name: str = "decode_inter_current") -> dict[str, list[dict]] | No
 def overlap(a: list[float], b: list[float]) -> bool:
     """Whether two sets of per-seed values share any range: then "not distinguishable"."""
     return min(a) <= max(b) and min(b) <= max(a)
+
+
+def change(values: list[float], base: list[float], fmt=None) -> str:
+    """The change of the per-seed `values`' mean against `base`'s ("+7%", with `fmt` pct1
+    "+7.0%"), tagged " (n.d.)" where the two sets of seeds overlap."""
+    text = (fmt or pct)(statistics.mean(values), statistics.mean(base))
+    return text + (" (n.d.)" if overlap(values, base) else "")
 
 def committed(name: str) -> bool:
     return (BENCH / name).is_dir()
