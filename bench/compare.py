@@ -172,6 +172,8 @@ def _one_run(url: str, model: str, requests: list, ignore_eos: bool, seed: int,
         summary["cost"] = cost_report(summary, before, after, wall_seconds)
         summary["prefix_cache"] = prefix_report(before, after)
         summary["flips"] = flips_during(before, after)
+        # what the scheduling policies did: preemptions, swaps, FastServe's queues
+        summary["policy"] = counters_during(before, after, "policy")
     return summary
 
 
@@ -185,18 +187,28 @@ PREFIX_COUNTERS = ("query_tokens", "hit_tokens", "blocks_read", "blocks_skipped"
                    "local_prefills")
 
 
+def counters_during(before: dict, after: dict, section: str,
+                    keys: tuple[str, ...] | None = None) -> dict:
+    """How much each cumulative counter of a /cluster `section` grew over the run, per instance
+    and summed; `keys` None: every counter an instance reports there."""
+    start = {i["instance_id"]: i.get(section) or {} for i in before["instances"]}
+    per_instance = {}
+    for instance in after["instances"]:
+        now, then = instance.get(section) or {}, start.get(instance["instance_id"], {})
+        per_instance[instance["instance_id"]] = {key: now.get(key, 0) - then.get(key, 0)
+                                                 for key in (keys or now)}
+    names = keys or sorted({k for c in per_instance.values() for k in c})
+    total = {key: sum(c.get(key, 0) for c in per_instance.values()) for key in names}
+    return {"instances": per_instance, "total": total}
+
+
 def prefix_report(before: dict, after: dict) -> dict:
     """The prefix-cache counters of /cluster over the run, per instance and summed, with the
     hit rate (hit / query tokens)."""
-    start = {i["instance_id"]: i.get("prefix_cache", {}) for i in before["instances"]}
-    per_instance = {}
-    for instance in after["instances"]:
-        now, then = instance.get("prefix_cache", {}), start.get(instance["instance_id"], {})
-        per_instance[instance["instance_id"]] = {key: now.get(key, 0) - then.get(key, 0)
-                                                 for key in PREFIX_COUNTERS}
-    total = {key: sum(c[key] for c in per_instance.values()) for key in PREFIX_COUNTERS}
+    report = counters_during(before, after, "prefix_cache", PREFIX_COUNTERS)
+    total = report["total"]
     total["hit_rate"] = total["hit_tokens"] / max(total["query_tokens"], 1)
-    return {"instances": per_instance, "total": total}
+    return report
 
 
 def slowest_ttft(records: list, requests: list, count: int = 3) -> list[dict]:
@@ -237,7 +249,13 @@ def _line(summary: dict) -> str:
             f"{summary['ttft_s']['p99'] * 1e3:.0f} ms; TPOT p50 "
             f"{summary['tpot_s']['p50'] * 1e3:.1f} ms; "
             f"{summary['throughput']['output_tokens_per_s']:.1f} tok/s; "
-            f"{summary['num_errors']} errors" + _prefix_line(summary))
+            f"{summary['num_errors']} errors" + _prefix_line(summary) + _policy_line(summary))
+
+
+def _policy_line(summary: dict) -> str:
+    """The policy counters that moved during the run (none: nothing is printed)."""
+    moved = {k: v for k, v in ((summary.get("policy") or {}).get("total") or {}).items() if v}
+    return "; policy " + ", ".join(f"{k} {v}" for k, v in moved.items()) if moved else ""
 
 
 def _prefix_line(summary: dict) -> str:

@@ -192,6 +192,9 @@ class InstanceStats(Message):
     metrics_url: str = ""  # http://host:port of /health, /ready, /metrics; "" = not served
     # Decode instances, cumulative since start (experiments read them from GET /cluster):
     num_preemptions: int = 0
+    # Decode and coupled instances, cumulative since start: what the scheduling policy did
+    # (QueueScheduler.counters: preemptions, recomputes, swaps; FastServe adds its queues').
+    policy_counters: dict[str, int] = {}
     num_finished_heavy: int = 0  # finished sequences whose prediction said heavy
     num_finished_light: int = 0
     first_admit_time: float = 0.0  # wall clock of the first sequence admitted

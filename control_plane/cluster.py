@@ -266,6 +266,7 @@ class InstanceRegistry:
                                  "blocks_read": s.kv_blocks_read,
                                  "blocks_skipped": s.kv_blocks_skipped,
                                  "local_prefills": s.num_local_prefills},
+                "policy": dict(s.policy_counters),
                 "busy_seconds": round(s.busy_seconds, 3),
                 "uptime_s": round(now - state.first_seen, 3),  # since its first report here
                 "seconds_since_report": round(now - state.last_seen, 3)})

@@ -168,7 +168,8 @@ class CoupledRole(Role):
     def load(self) -> dict:
         return {"num_waiting": self.scheduler.num_waiting,
                 "num_running": self.scheduler.num_running, "num_transferring": 0,
-                "num_queued_tokens": self.scheduler.num_queued_tokens}
+                "num_queued_tokens": self.scheduler.num_queued_tokens,
+                "policy_counters": self.scheduler.counters()}
 
     @property
     def is_drained(self) -> bool:

@@ -183,6 +183,7 @@ class DecodeRole(Role):
                 "num_heavy_decodes": heavy,
                 "num_light_decodes": self.scheduler.num_running - heavy,
                 "num_preemptions": self.scheduler.num_preemptions,
+                "policy_counters": self.scheduler.counters(),
                 "num_finished_heavy": self.finished["heavy"],
                 "num_finished_light": self.finished["light"],
                 "first_admit_time": self.first_admit_time,

@@ -291,6 +291,7 @@ class SimDecode(SimRole):
                 + self.scheduler.num_queued_tokens,
                 "num_heavy_decodes": heavy, "num_light_decodes": len(views) - heavy,
                 "num_preemptions": self.scheduler.num_preemptions,
+                "policy_counters": self.scheduler.counters(),
                 "num_finished_heavy": self.finished["heavy"],
                 "num_finished_light": self.finished["light"],
                 "num_local_prefills": self.num_local_prefills,
@@ -334,7 +335,8 @@ class SimCoupled(SimRole):
         """CoupledRole.load."""
         return {"num_waiting": self.scheduler.num_waiting,
                 "num_running": self.scheduler.num_running, "num_transferring": 0,
-                "num_queued_tokens": self.scheduler.num_queued_tokens}
+                "num_queued_tokens": self.scheduler.num_queued_tokens,
+                "policy_counters": self.scheduler.counters()}
 
 
 ROLES = {"prefill": SimPrefill, "decode": SimDecode, "coupled": SimCoupled}

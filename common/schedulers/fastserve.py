@@ -161,8 +161,19 @@ class FastServeScheduler(CoupledScheduler):
     def add(self, seq: Sequence) -> None:
         super().add(seq)
         self.bursts.arrived(self.kv.num_blocks_for(seq.num_tokens + 1))
-        self.mlfq.join(seq.seq_id, self.profiler.iteration_s(seq.num_uncomputed_tokens),
-                       self.clock(), self.options.skip_join)
+        level = self.mlfq.join(seq.seq_id, self.profiler.iteration_s(seq.num_uncomputed_tokens),
+                               self.clock(), self.options.skip_join)
+        self.counts[f"entered_q{level + 1}"] += 1
+
+    def counters(self) -> dict[str, int]:
+        """The shared counters, the jobs entering each queue (Q1 first; skip-join's effect),
+        the MLFQ's starvation promotions and demotions, and the swaps made ahead of need."""
+        entered = {f"entered_q{k}": self.counts[f"entered_q{k}"]
+                   for k in range(1, self.mlfq.num_queues + 1)}
+        return {**super().counters(), **entered, "promotions": self.mlfq.num_promotions,
+                "demotions": self.mlfq.num_demotions,
+                "proactive_swap_outs": self.counts["proactive_swap_outs"],
+                "proactive_swap_ins": self.counts["proactive_swap_ins"]}
 
     def _drop(self, seq: Sequence) -> None:
         super()._drop(seq)
@@ -246,8 +257,8 @@ class FastServeScheduler(CoupledScheduler):
         for victim in victims:
             if self.kv.num_free_blocks >= reserve:
                 return
-            if self.swap.can_swap_out(victim, self.kv):
-                self._evict(victim, plan)
+            if self.swap.can_swap_out(victim, self.kv) and self._evict(victim, plan):
+                self.counts["proactive_swap_outs"] += 1
 
     def _swap_in_ahead(self, plan: PlanBuilder, enst: dict[str, float]) -> None:
         """Proactive swap-in: bring back swapped-out jobs, earliest ENST first, while the
@@ -259,6 +270,7 @@ class FastServeScheduler(CoupledScheduler):
             need = self.swap.num_device_blocks_to_resume(seq, self.kv, 1)
             if self.kv.num_free_blocks - need < reserve or not self._try_swap_in(seq, 1, plan):
                 return
+            self.counts["proactive_swap_ins"] += 1
 
     # -- absorbing -------------------------------------------------------------------------------
     def update_from_output(self, plan: BatchPlan, output: ModelOutput) -> list[SequenceUpdate]:

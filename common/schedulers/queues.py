@@ -11,7 +11,7 @@ and their budgets.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
 from common.block_pool import KVCacheManager
@@ -32,6 +32,15 @@ class QueueScheduler(Scheduler):
         self.running: list[Sequence] = []
         self.swapped: deque[Sequence] = deque()  # preempted by swap, oldest first
         self.num_preemptions = 0
+        # What the policy did, cumulative since start (reported as `policy_counters`): how
+        # preemptions ended (swap or recompute) and the swaps' blocks; policies add their own.
+        self.counts: Counter[str] = Counter()
+
+    def counters(self) -> dict[str, int]:
+        return {"preemptions": self.num_preemptions, "recomputes": self.counts["recomputes"],
+                "swap_outs": self.counts["swap_outs"], "swap_ins": self.counts["swap_ins"],
+                "blocks_swapped_out": self.counts["blocks_swapped_out"],
+                "blocks_swapped_in": self.counts["blocks_swapped_in"]}
 
     def add(self, seq: Sequence) -> None:
         self._track(seq)
@@ -66,9 +75,9 @@ class QueueScheduler(Scheduler):
         return super().update_from_output(plan, output)
 
     # -- preemption ------------------------------------------------------------------------------
-    def _evict(self, victim: Sequence, plan: PlanBuilder) -> None:
+    def _evict(self, victim: Sequence, plan: PlanBuilder) -> bool:
         """Take a running sequence off the device: swap it out if the host tier has room, else
-        drop its KV so that it is recomputed from its first token."""
+        drop its KV so that it is recomputed from its first token. True when it was swapped."""
         self.running.remove(victim)
         victim.status = SequenceStatus.PREEMPTED
         self.num_preemptions += 1
@@ -77,10 +86,13 @@ class QueueScheduler(Scheduler):
         if pairs is not None:
             plan.swap_out.extend(pairs)
             self.swapped.append(victim)
-            return
+            self.counts.update(swap_outs=1, blocks_swapped_out=len(pairs))
+            return True
         self.kv.free(victim.seq_id)
         victim.num_computed_tokens = 0
         self.waiting.appendleft(victim)
+        self.counts["recomputes"] += 1
+        return False
 
     def _preempt_newest(self, plan: PlanBuilder, protected: set[str]) -> bool:
         """Evict the newest running sequence not in `protected`."""
@@ -117,7 +129,9 @@ class QueueScheduler(Scheduler):
         need = self.swap.num_device_blocks_to_resume(seq, self.kv, num_next_tokens)
         if need > self.kv.num_free_blocks:
             return False
-        plan.swap_in.extend(self.swap.swap_in(seq, self.kv))
+        pairs = self.swap.swap_in(seq, self.kv)
+        plan.swap_in.extend(pairs)
+        self.counts.update(swap_ins=1, blocks_swapped_in=len(pairs))
         seq.status = SequenceStatus.RUNNING
         self.swapped.remove(seq)
         self.running.append(seq)

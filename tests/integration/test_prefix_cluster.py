@@ -91,7 +91,10 @@ def test_conditional_disaggregation_prefills_a_cached_prompt_on_the_decode_insta
         assert received["local_prefills"] == 0
         assert indexed(cluster, "decode-0", 13) >= 13  # its cache events reached the gateway
         assert complete(cluster, PROMPT) == first
-        decode = prefix_stats(cluster, "decode", lambda s: s["local_prefills"] >= 1)
+        # one load report can fall between the local prefill's admission (counted) and its
+        # forward (the cache hit): wait for both
+        decode = prefix_stats(cluster, "decode",
+                              lambda s: s["local_prefills"] >= 1 and s["hit_tokens"] >= 192)
         assert decode["local_prefills"] == 1 and decode["hit_tokens"] >= 192
         short = complete(cluster, PROMPT[:20], max_tokens=4)  # short: no cache needed
         assert prefix_stats(cluster, "decode", lambda s: s["local_prefills"] >= 2)[

@@ -106,3 +106,25 @@ def test_flips_during_a_run_are_those_cluster_lists_only_after_it():
     assert flips_during({"flips": [old]}, {"flips": [old, new]}) == [new]
     assert flips_during({"flips": None}, {"flips": [old]}) == [old]
     assert flips_during({}, {}) == []
+
+
+def test_policy_counters_over_a_run_name_only_what_moved():
+    from bench.compare import _policy_line, counters_during
+
+    def view(preemptions, swap_outs, entered_q1):
+        return {"instances": [
+            {"instance_id": "coupled-0", "policy": {"preemptions": preemptions,
+                                                   "swap_outs": swap_outs,
+                                                   "entered_q1": entered_q1}},
+            {"instance_id": "coupled-1", "policy": {"preemptions": 1, "swap_outs": 0,
+                                                   "entered_q1": entered_q1}}]}
+
+    report = counters_during(view(2, 1, 5), view(5, 1, 9), "policy")
+    assert report["instances"]["coupled-0"] == {"preemptions": 3, "swap_outs": 0,
+                                                "entered_q1": 4}
+    assert report["total"] == {"entered_q1": 8, "preemptions": 3, "swap_outs": 0}
+    assert _policy_line({"policy": report}) == "; policy entered_q1 8, preemptions 3"
+    assert _policy_line({"policy": counters_during(view(2, 1, 5), view(2, 1, 5), "policy")}) == ""
+    # an instance that came up during the run counts from zero; one without counters adds none
+    late = {"instances": [*view(2, 1, 5)["instances"], {"instance_id": "prefill-0"}]}
+    assert counters_during({"instances": []}, late, "policy")["total"]["preemptions"] == 3

@@ -258,3 +258,54 @@ def test_every_job_completes_under_memory_pressure(host_blocks, proactive):
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
     assert sched.num_preemptions > 0 and sched.mlfq.num_promotions > 0
     assert (sum(len(p.swap_out) for p in plans) > 0) == bool(host_blocks)
+
+
+# -- counters ------------------------------------------------------------------------------------
+def test_counters_name_the_entry_queues_and_which_swaps_were_proactive():
+    """The proactive trace above, counted: S goes out ahead of need and comes back ahead of its
+    turn (one proactive swap each way), then T goes out for the reserve; nothing recomputed."""
+    sched = fastserve(num_blocks=6, host_blocks=8, reserved_blocks=2, burst_window=0,
+                      seconds_per_prefill_token=0.01)
+    sched.add(seq("A", 7, 3))
+    sched.add(seq("S", 7, 8, first=50))
+    fake = FakeKV(4)
+    for i in range(6):
+        if i == 4:
+            sched.add(seq("T", 7, 8, first=80))
+        plan = sched.schedule()
+        sched.update_from_output(plan, fake.execute(plan, sched))
+    counters = sched.counters()
+    assert counters["entered_q1"] == 3 and counters["entered_q4"] == 0  # 0.07 s <= q1
+    assert counters["swap_outs"] == 2 and counters["proactive_swap_outs"] == 2
+    assert counters["swap_ins"] == 1 and counters["proactive_swap_ins"] == 1
+    assert counters["blocks_swapped_out"] == 4 and counters["blocks_swapped_in"] == 2
+    assert counters["preemptions"] == 2 and counters["recomputes"] == 0
+
+
+def test_counters_of_reactive_swaps_and_of_recomputes():
+    reactive = fastserve(num_blocks=4, host_blocks=8, proactive=False,
+                         seconds_per_prefill_token=0.01)
+    recompute = fastserve(num_blocks=4, seconds_per_prefill_token=0.01)  # no host tier
+    for sched in (reactive, recompute):
+        sched.add(seq("A", 7, 5))
+        sched.add(seq("B", 7, 5, first=50))
+        for _ in range(5):
+            step(sched, sched.schedule())
+    # the golden plans above: B out at the 4th forward, A out and B in at the 5th
+    assert {k: reactive.counters()[k] for k in ("swap_outs", "swap_ins", "recomputes",
+                                                 "proactive_swap_outs")} == \
+        {"swap_outs": 2, "swap_ins": 1, "recomputes": 0, "proactive_swap_outs": 0}
+    assert recompute.counters()["recomputes"] >= 1 and recompute.counters()["swap_outs"] == 0
+    assert recompute.counters()["preemptions"] == recompute.num_preemptions
+
+
+def test_skip_join_spreads_entries_over_the_queues_and_naive_mlfq_does_not():
+    levels = {}
+    for skip_join in (True, False):
+        sched = fastserve(max_seqs=3, skip_join=skip_join)
+        for seq_id, prompt_len, first in (("short", 3, 1), ("mid", 6, 20), ("long", 16, 40)):
+            sched.add(seq(seq_id, prompt_len, 2, first=first))
+        levels[skip_join] = [sched.counters()[f"entered_q{k}"] for k in range(1, 5)]
+    # costs max(1, n/4) s against quanta 1, 2, 4, 8: 3 tokens -> Q1, 6 -> Q2, 16 -> Q3
+    assert levels[True] == [1, 1, 1, 0]
+    assert levels[False] == [3, 0, 0, 0]

@@ -53,7 +53,11 @@ def test_requests_are_served_end_to_end_and_their_blocks_freed():
     role.handle(request("a"))
     role.handle(request("b", num_prompt=7))
     assert role.load() == {"num_waiting": 2, "num_running": 0, "num_transferring": 0,
-                           "num_queued_tokens": 12}
+                           "num_queued_tokens": 12,
+                           "policy_counters": {"preemptions": 0, "recomputes": 0,
+                                               "swap_outs": 0, "swap_ins": 0,
+                                               "blocks_swapped_out": 0,
+                                               "blocks_swapped_in": 0}}
     assert turn(role) == [("a", [9], None, 1), ("b", [9], None, 1)]
     assert turn(role) == [("a", [9], None, 2), ("b", [9], None, 2)]
     assert turn(role) == [("a", [9], "length", 3), ("b", [9], "length", 3)]
