@@ -8,6 +8,10 @@ and how many rows it samples:
                       + per_context_token_s * sum_i c_i           c_i: chunk i's cached tokens
                       + per_context_pair_s  * sum_i c_i * n_i     n_i: chunk i's new tokens
                       + per_mixed_forward_s    when prompt chunks and decodes share the forward
+                      + per_extra_prompt_s * (P - 1)
+                      - per_context_pair_s * (F(F+1)/2 - sum_j f_j(f_j+1)/2)
+                                               when P >= 2 fresh prompts (no cached tokens) of
+                                               f_j tokens, F in all, share the forward
                       + swapped bytes / swap_bytes_per_s
 
 `base(T)` is the forward of T new tokens of one fresh prompt (no context, no sampled row), a
@@ -16,7 +20,12 @@ the matmuls saturate (a roofline, measured). The context terms are attention ove
 already cached: reading each chunk's KV (decode steps are bound by it) and the new x cached
 query-key pairs (later chunks of a long prompt). A mixed forward (a co-located instance's
 prompt chunk beside its decodes) may cost more than its parts: a constant fitted from measured
-mixed rows where the record has them (0 otherwise). Where the numbers come from: `simulator.fit`
+mixed rows where the record has them (0 otherwise). Several fresh prompts in one forward compute
+the matmuls of one prompt of their summed length, but each attends only to itself: base(F)
+counts F(F+1)/2 query-key pairs where they compute sum f_j(f_j+1)/2, and each extra sequence
+costs its own bookkeeping (per_extra_prompt_s, fitted from measured multi-prompt rows; 0 when
+the record has none). Forwards with at most one fresh prompt (every decode step and the
+steady-decode fast path) have neither term. Where the numbers come from: `simulator.fit`
 (least squares over a `splitserve profile` record) or `simulator.hardware` (published figures).
 
 A KV transfer over a `Link` takes `latency_s + bytes / bandwidth`, bytes = tokens x
@@ -102,6 +111,7 @@ class CostModel:
     swap_bytes_per_s: float | None = None  # host swap tier; None: swaps cost nothing
     decode_context: int = 256  # the context of the decode curve handed to co-located policies
     per_mixed_forward_s: float = 0.0  # a forward with prompt chunks and decodes, beyond its parts
+    per_extra_prompt_s: float = 0.0  # each fresh prompt after the first in one forward
     default_link: str = "roce-200g"
     source: str = ""
     notes: tuple[str, ...] = ()
@@ -112,7 +122,7 @@ class CostModel:
         if not xs or xs != sorted(set(xs)) or xs[0] < 1:
             raise ConfigError("a cost model's base curve needs increasing token counts >= 1")
         if min(self.per_sampled_row_s, self.per_context_token_s, self.per_context_pair_s,
-               self.per_mixed_forward_s) < 0:
+               self.per_mixed_forward_s, self.per_extra_prompt_s) < 0:
             raise ConfigError("cost model coefficients must be >= 0")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", [float(y) for _, y in self.base])
@@ -127,6 +137,7 @@ class CostModel:
         move whole blocks of `block_size` tokens."""
         tokens, rows, context, pairs = plan.num_padding_tokens, 0, 0, 0
         prompts = decodes = False
+        fresh = []  # token counts of the fresh prompts
         for chunk in plan.chunks:
             n = len(chunk.token_ids)
             tokens += n
@@ -135,6 +146,8 @@ class CostModel:
             if chunk.num_cached:
                 context += chunk.num_cached
                 pairs += chunk.num_cached * n
+            else:
+                fresh.append(n)
             if n == 1 and chunk.num_cached:
                 decodes = True
             else:
@@ -143,10 +156,29 @@ class CostModel:
                    + self.per_context_token_s * context + self.per_context_pair_s * pairs)
         if prompts and decodes:
             seconds += self.per_mixed_forward_s
+        if len(fresh) > 1:
+            seconds += self.multi_prompt_extra_s(fresh)
         if (plan.swap_out or plan.swap_in) and self.swap_bytes_per_s:
             blocks = len(plan.swap_out) + len(plan.swap_in)
             seconds += blocks * block_size * self.kv_bytes_per_token / self.swap_bytes_per_s
         return seconds
+
+    def multi_prompt_extra_s(self, fresh: list[int]) -> float:
+        """What several fresh prompts in one forward cost beyond base(their sum): the extra
+        sequences' bookkeeping, less the query-key pairs across prompts that none computes."""
+        total = sum(fresh)
+        crossing = total * (total + 1) / 2 - sum(f * (f + 1) / 2 for f in fresh)
+        extra = self.per_extra_prompt_s * (len(fresh) - 1) - self.per_context_pair_s * crossing
+        # never less than the largest prompt alone (a pair cost fitted high must not drive a
+        # forward's time below what its own longest prompt takes)
+        return max(extra, self.base_s(max(fresh)) - self.base_s(total))
+
+    def multi_prompt_s(self, num_prompts: int, num_tokens: int) -> float:
+        """`forward_s` of `num_prompts` fresh prompts of `num_tokens` each, each sampling."""
+        fresh = [num_tokens] * num_prompts
+        extra = self.multi_prompt_extra_s(fresh) if num_prompts > 1 else 0.0
+        return self.base_s(num_prompts * num_tokens) + self.per_sampled_row_s * num_prompts \
+            + extra
 
     def decode_s(self, num_seqs: int, context: int) -> float:
         """`forward_s` of a plan of `num_seqs` one-token decodes after `context` cached tokens in
@@ -173,6 +205,7 @@ class CostModel:
                        per_context_token_s=self.per_context_token_s * factor,
                        per_context_pair_s=self.per_context_pair_s * factor,
                        per_mixed_forward_s=self.per_mixed_forward_s * factor,
+                       per_extra_prompt_s=self.per_extra_prompt_s * factor,
                        notes=(*self.notes, (f"every forward scaled by {factor:.3f} "
                                             "(calibrated to the serving stack)")))
 

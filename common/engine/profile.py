@@ -9,6 +9,8 @@
   measured matmul rate.
 - Mixed forwards: a fresh prompt of 256 and of 1,024 tokens beside one and beside 16 decodes
   (what a co-located instance runs); the simulator's cost model is fitted to them too.
+- Decode steps at other contexts and forwards of several fresh prompts
+  (`common.engine.profile_shapes`): shapes only the simulator's cost model reads.
 - The machine: bfloat16 matmul rate (a large square matmul) and memory read bandwidth.
 - Ratios: prefill model FLOP/s at ChunkSize over the matmul rate; decode step time at batch 1 over
   the time to read every weight once at the measured bandwidth; optionally decode tokens/s against
@@ -34,6 +36,7 @@ import torch
 from common.block_pool import KVCacheManager
 from common.config import ConfigError, EngineConfig
 from common.engine import cpu_features
+from common.engine import profile_shapes
 from common.engine.model_runner import ModelRunner
 from common.engine.profile_report import print_summary, write_report
 from common.plan import BatchPlan, ScheduledChunk
@@ -273,11 +276,16 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
                             progress)
     mixed = profile_mixed(bench, *mixed_shapes(options), options.decode_context,
                           options.repeats, progress)
+    contexts = profile_shapes.profile_contexts(bench, options.max_decode_batch,
+                                               runner.max_model_len, options.repeats, progress)
+    multi = profile_shapes.profile_multi_prompt(bench, options.max_prefill_tokens,
+                                                options.repeats, progress, _timed)
     chunk_size = knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,
         "threads": torch.get_num_threads(), "cpu": cpu, "machine": limits,
-        "prefill": prefill, "decode": decode, "mixed": mixed,
+        "prefill": prefill, "decode": decode, "mixed": mixed, "decode_contexts": contexts,
+        "multi_prompt": multi,
         "decode_context": options.decode_context,
         "recommended_chunk_size": chunk_size,
         "ratios": _ratios(runner, limits, prefill, decode, chunk_size),
@@ -303,6 +311,9 @@ def _sized_for(config: EngineConfig, options: ProfileOptions) -> EngineConfig:
     block = config.cache.block_size
     per_sequence = -(-(options.decode_context + 1) // block)
     needed = options.max_decode_batch * per_sequence + -(-options.max_prefill_tokens // block)
+    shapes = profile_shapes.pool_tokens(options.max_decode_batch, config.model.max_model_len
+                                        or 8192, options.max_prefill_tokens, block) // block
+    needed = max(needed, shapes)
     return replace(config, cache=replace(config.cache, num_blocks=needed + 1))
 
 
@@ -341,7 +352,8 @@ def _record(report: dict, cache_dir: str) -> None:
                          for r in report["prefill"]]
     record["decode"] = [{"batch": r["batch"], "step_seconds": r["step_seconds"]}
                         for r in report["decode"]]
-    record["mixed"] = report.get("mixed", [])  # the simulator's fit reads them (simulator/fit.py)
+    for key in ("mixed", "decode_contexts", "multi_prompt"):  # what simulator/fit.py reads
+        record[key] = report.get(key, [])
     path.write_text(json.dumps(record))
 
 

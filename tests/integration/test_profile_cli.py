@@ -6,7 +6,7 @@ import json
 
 from helpers import run_cli
 
-SMALL = ["--max-prefill-tokens", "16", "--max-decode-batch", "4", "--decode-context", "32",
+SMALL = ["--max-prefill-tokens", "32", "--max-decode-batch", "4", "--decode-context", "32",
          "--repeats", "1", "--dtype", "float32"]
 
 
@@ -17,11 +17,17 @@ def test_profile_writes_a_report_with_ratios_and_a_chunk_size(tiny_models, tmp_p
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "profile.json").read_text())
     sizes = [row["tokens"] for row in report["prefill"]]
-    assert sizes == [1, 2, 4, 8, 16]
+    assert sizes == [1, 2, 4, 8, 16, 32]
     assert [row["batch"] for row in report["decode"]] == [1, 2, 4]
     # mixed rows within the limits: half the largest prompt beside one decode
-    assert [(r["prefill_tokens"], r["batch"]) for r in report["mixed"]] == [(8, 1)]
+    assert [(r["prefill_tokens"], r["batch"]) for r in report["mixed"]] == [(16, 1)]
     assert all(r["seconds"] > 0 for r in report["mixed"])
+    # the shapes only the simulator reads, within the limits: batch <= 4, context < 512 (the
+    # tiny model's length), at most 32 prompt tokens in all
+    assert [(r["batch"], r["context"]) for r in report["decode_contexts"]] == [(1, 64)]
+    assert [(r["prompts"], r["tokens"]) for r in report["multi_prompt"]] == [(2, 16)]
+    assert all(r["step_seconds"] > 0 for r in report["decode_contexts"])
+    assert all(r["seconds"] > 0 for r in report["multi_prompt"])
     assert report["recommended_chunk_size"] in sizes
     assert report["ratios"]["prefill_fraction_of_matmul_rate"] > 0
     assert report["ratios"]["decode_batch1_over_weight_stream"] > 0
@@ -29,7 +35,8 @@ def test_profile_writes_a_report_with_ratios_and_a_chunk_size(tiny_models, tmp_p
     assert (out / "profile.png").stat().st_size > 0
     # The knee is recorded for the roles that read it (ChunkSize default).
     record = json.loads((tmp_path / "cache" / "profile.json").read_text())
-    assert record["mixed"] == report["mixed"]  # the simulator's fit reads them
+    for key in ("mixed", "decode_contexts", "multi_prompt"):  # the simulator's fit reads them
+        assert record[key] == report[key]
 
 
 def test_profile_with_a_pool_too_small_for_the_batch_says_so(tiny_models, tmp_path):

@@ -63,9 +63,11 @@ def test_a_mixed_forward_pays_the_mixed_constant_once():
 
 
 def roofline_record(a=0.01, b=1e-4, pair=1e-8, row=1e-3, ctx=2e-6, context=256,
-                    mix: float | None = None) -> dict:
+                    mix: float | None = None, extra: float | None = None) -> dict:
     """A profile record made from known coefficients (weights-bound below 100 tokens); with
-    `mix`, mixed rows whose forwards cost that much beyond their parts."""
+    `mix`, mixed rows whose forwards cost that much beyond their parts; with `extra`, decode
+    rows at other contexts and multi-prompt rows whose every prompt after the first costs that
+    much (each prompt attending only to itself)."""
     def fresh(n):
         return max(a, b * n) + pair * n * (n + 1) / 2
 
@@ -81,6 +83,14 @@ def roofline_record(a=0.01, b=1e-4, pair=1e-8, row=1e-3, ctx=2e-6, context=256,
         record["mixed"] = [{"prefill_tokens": n, "batch": b_, "context": context,
                             "seconds": fresh(n + b_) + row + decode(b_) + mix}
                            for n in (256, 1024) for b_ in (1, 16)]
+    if extra is not None:
+        record["decode_contexts"] = [
+            {"batch": b_, "context": c, "step_seconds": fresh(b_) + b_ * row
+             + b_ * c * (ctx + pair)} for b_, c in ((1, 64), (8, 64), (8, 1024), (32, 1024))]
+        record["multi_prompt"] = [
+            {"prompts": k, "tokens": n, "seconds": max(a, b * k * n)
+             + k * pair * n * (n + 1) / 2 + k * row + extra * (k - 1)}
+            for k, n in ((2, 16), (4, 16), (8, 16), (2, 64), (4, 64), (8, 64), (2, 256))]
     return record
 
 
@@ -114,7 +124,7 @@ def test_the_fit_of_a_real_cpu_profile_is_close_and_states_its_limits():
     assert ys == sorted(ys) and min(model.per_sampled_row_s, model.per_context_token_s) >= 0
     assert model.kv_bytes_per_token == 2 * 30 * 3 * 64 * 2  # SmolLM2-135M in bfloat16
     assert max(model.fit["max_abs_relative_error"].values()) < 0.25
-    assert any("one context length" in note for note in model.notes)
+    assert any("confounded with the per-row cost" in note for note in model.notes)
     with pytest.raises(ConfigError, match="KV bytes per token"):
         fit_profile({**record, "model": "unknown"})
 
@@ -136,3 +146,37 @@ def test_the_gpu_model_is_labelled_as_published_figures():
     assert 100_000 < model.kv_capacity_tokens < 110_000
     with pytest.raises(ConfigError, match="unknown hardware"):
         hardware_costs("tpu")
+
+
+def test_several_fresh_prompts_cost_their_matmuls_their_own_pairs_and_the_extra_prompts():
+    costs = replace(COSTS, per_extra_prompt_s=0.003)
+    four = BatchPlan([replace(chunk(64, 0, True), seq_id=f"p{i}") for i in range(4)])
+    crossing = 256 * 257 / 2 - 4 * 64 * 65 / 2  # pairs across the prompts: none computes them
+    expected = costs.base_s(256) + 4 * costs.per_sampled_row_s \
+        - costs.per_context_pair_s * crossing + 3 * 0.003
+    assert costs.forward_s(four) == pytest.approx(expected)
+    assert costs.multi_prompt_s(4, 64) == pytest.approx(costs.forward_s(four))
+    assert costs.multi_prompt_s(1, 64) == pytest.approx(costs.prefill_s(64))
+    # one fresh prompt, with decodes or a later chunk of another prompt: neither term
+    for plan in (BatchPlan([chunk(64, 0, True), chunk(1, 90, True)]),
+                 BatchPlan([chunk(64, 0, True), chunk(20, 40, False)])):
+        assert costs.forward_s(plan) == pytest.approx(COSTS.forward_s(plan))
+    assert costs.scaled(2.0).per_extra_prompt_s == pytest.approx(0.006)
+    # a pair cost far too high cannot price the forward below its longest prompt alone
+    steep = replace(COSTS, per_context_pair_s=1.0)
+    two = BatchPlan([chunk(100, 0, True), replace(chunk(30, 0, True), seq_id="q")])
+    assert steep.forward_s(two) == pytest.approx(steep.base_s(100) + 2 * steep.per_sampled_row_s)
+
+
+def test_the_fit_recovers_the_extra_prompt_cost_and_context_rows_separate_the_context():
+    model = fit_profile(roofline_record(extra=0.004), kv_bytes=1000)
+    assert model.per_extra_prompt_s == pytest.approx(0.004, rel=0.1)
+    assert model.per_context_token_s == pytest.approx(2e-6, rel=0.05)
+    assert model.fit["max_abs_relative_error"]["multi_prompt"] < 0.02
+    assert [r["kind"] for r in model.fit["rows"]].count("multi_prompt") == 7
+    assert any("several fresh prompts measured (7 rows)" in note for note in model.notes)
+    assert any("contexts [64, 256, 1024]" in note and "confounded" not in note
+               for note in model.notes)
+    without = fit_profile(roofline_record(), kv_bytes=1000)
+    assert without.per_extra_prompt_s == 0.0 and "multi_prompt" not in without.fit[
+        "max_abs_relative_error"]

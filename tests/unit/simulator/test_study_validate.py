@@ -106,3 +106,20 @@ def test_an_earlier_real_run_is_reused_only_for_the_same_rate_and_count(tmp_path
     assert earlier_real(case, 0.5, 40, tmp_path)["summary"]["ttft_s"]["mean"] == 1.0
     with pytest.raises(ConfigError, match="not 40 at 0.600"):
         earlier_real(case, 0.6, 40, tmp_path)
+
+
+def test_forward_time_compares_the_instances_busy_seconds_and_is_printed():
+    from simulator.validate import Case, busy_seconds, format_errors, forward_time
+
+    view = {"instances": [{"instance_id": "prefill-0", "busy_seconds": 1.5},
+                          {"instance_id": "decode-0", "busy_seconds": 2.5}, {"instance_id": "x"}]}
+    assert busy_seconds(view) == pytest.approx(4.0)
+    simulated = {"summary": {"simulation": {"instances": {"busy_instance_s": 3.0}}}}
+    diagnostic = forward_time({"busy_s": 4.0}, simulated)
+    assert diagnostic == {"real": 4.0, "simulated": 3.0, "relative_error": pytest.approx(-0.25)}
+    assert forward_time({}, simulated)["relative_error"] is None  # recorded before busy_s
+    result = {"num_requests": 4, "rate": 1.0, "real": {"uptime_before": "up"},
+              "errors": errors({"ttft_s": {"mean": 1.0}}, {"ttft_s": {"mean": 1.1}}),
+              "forward_time": diagnostic}
+    text = format_errors(Case("vllm", "LPLD", "low", 0), result)
+    assert "forward seconds" in text and "-25.0% (diagnostic)" in text
