@@ -241,6 +241,12 @@ def errors(real: dict, simulated: dict) -> dict:
     return result
 
 
+def earlier_rate(case: Case, directory: Path | None) -> float | None:
+    """The rate an earlier run of the case in `directory` ran at, if there is one."""
+    path = directory / f"{case.name}.json" if directory else None
+    return json.loads(path.read_text())["rate"] if path is not None and path.is_file() else None
+
+
 def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> dict | None:
     """The real side of an earlier run of the same case (same rate and request count), to
     simulate it again under another cost model without running it again."""
@@ -255,11 +261,13 @@ def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> d
 
 
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
-             out: Path, calibration: dict | None = None, real_from: Path | None = None) -> dict:
+             out: Path, calibration: dict | None = None, real_from: Path | None = None,
+             rate_from_real: bool = False) -> dict:
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
-    with `real_from`, the real side is that directory's run of the case, if it has one."""
+    with `real_from`, the real side is that directory's run of the case, if it has one, and
+    with `rate_from_real` its rate too (another cost model puts the capacity elsewhere)."""
     measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
-    rate = case_rate(case, measured)  # from the profile as measured, calibrated or not
+    rate = (rate_from_real and earlier_rate(case, real_from)) or case_rate(case, measured)
     costs = measured.scaled(calibration["factor"]) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
@@ -337,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-from", type=Path, default=None, metavar="DIR",
                         help="take a case's real run from DIR/<case>.json when there (e.g. to "
                              "simulate it again calibrated) instead of running it again")
+    parser.add_argument("--rate-from-real", action="store_true",
+                        help="with --real-from: each case at its earlier run's rate (the same "
+                             "run under another cost model, whose capacity, and so whose case "
+                             "rate, differs)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
@@ -357,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.2f} "
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
-                                           args.out, calibrations.get(key), args.real_from)),
+                                           args.out, calibrations.get(key), args.real_from,
+                                           args.rate_from_real)),
               flush=True)
     return 0
 

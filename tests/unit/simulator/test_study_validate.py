@@ -106,6 +106,10 @@ def test_an_earlier_real_run_is_reused_only_for_the_same_rate_and_count(tmp_path
     assert earlier_real(case, 0.5, 40, tmp_path)["summary"]["ttft_s"]["mean"] == 1.0
     with pytest.raises(ConfigError, match="not 40 at 0.600"):
         earlier_real(case, 0.6, 40, tmp_path)
+    from simulator.validate import earlier_rate  # --rate-from-real: the run's own rate
+
+    assert earlier_rate(case, tmp_path) == 0.5 and earlier_rate(case, None) is None
+    assert earlier_real(case, earlier_rate(case, tmp_path), 40, tmp_path) is not None
 
 
 def test_forward_time_compares_the_instances_busy_seconds_and_is_printed():
