@@ -137,6 +137,9 @@ class PrefillConfig:
         _require(self.lease_timeout_s > 0, "lease timeout must be > 0")
 
 
+FLIP_DRAINS = ("finish", "migrate")
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """The decode role (TetriInfer §3.4)."""
@@ -145,8 +148,14 @@ class DecodeConfig:
     preempt: str = "recompute"  # when memory runs out anyway: recompute or swap (host tier)
     swap_blocks: int | None = None  # host blocks for swap; None = as many as the device has
     swap_bandwidth: float | None = None  # emulated host-swap bandwidth, bytes/s
+    # A flip away from decode: "finish" decodes what is held first; "migrate" hands every held
+    # sequence back to its gateway at once, which recomputes its KV (prompt + generated tokens)
+    # on a prefill instance and sends it on to another decode instance.
+    flip_drain: str = "finish"
 
     def __post_init__(self) -> None:
+        _require(self.flip_drain in FLIP_DRAINS,
+                 f"flip drain must be one of {', '.join(FLIP_DRAINS)}, got {self.flip_drain!r}")
         _require(self.admission in ADMISSION_POLICIES, f"unknown decode admission policy "
                  f"{self.admission!r}; known: {', '.join(ADMISSION_POLICIES)}")
         _require(self.preempt in ("recompute", "swap"),

@@ -109,6 +109,7 @@ class FlipReport(Message):
     drain_seconds: float
     switch_seconds: float  # constructing the new role, drain excluded
     timestamp: float = 0.0
+    num_migrated: int = 0  # sequences handed back to their gateways instead of finished here
 
 
 class KVTransferOffer(Message):

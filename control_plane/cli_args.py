@@ -139,6 +139,10 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
     add_plugin_arg(group, "--decode-admission", ADMISSION_POLICIES, "greedy",
                    "when a decode instance admits a received sequence")
     group.add_argument("--decode-preempt", default="recompute", choices=["recompute", "swap"])
+    group.add_argument("--flip-drain", default="finish", choices=["finish", "migrate"],
+                       help="a decode instance flipping to prefill: finish its decodes first, "
+                            "or migrate them (its gateways run each again elsewhere from the "
+                            "prompt and the tokens generated so far, recomputing the KV)")
     group.add_argument("--decode-swap-blocks", type=int, default=None)
     group.add_argument("--decode-swap-bandwidth", type=float, default=None,
                        help="emulated host swap bandwidth, bytes/s")
@@ -190,7 +194,8 @@ def cluster_instance_config(args: argparse.Namespace) -> InstanceConfig:
                               dispatch_policy=args.dispatch_policy),
         decode=DecodeConfig(admission=args.decode_admission, preempt=args.decode_preempt,
                             swap_blocks=args.decode_swap_blocks,
-                            swap_bandwidth=args.decode_swap_bandwidth),
+                            swap_bandwidth=args.decode_swap_bandwidth,
+                            flip_drain=args.flip_drain),
         prediction=PredictionConfig(predictor=args.predictor, mode=args.predictor_mode,
                                     oracle_granularity=args.oracle_granularity,
                                     heavy_threshold=args.heavy_threshold,

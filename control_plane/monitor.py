@@ -167,7 +167,7 @@ class ClusterMonitor:
             "flip_id": report.flip_id, "instance_id": report.instance_id,
             "from_role": report.from_role, "to_role": report.to_role,
             "drain_seconds": report.drain_seconds, "switch_seconds": report.switch_seconds,
-            "timestamp": report.timestamp})
+            "timestamp": report.timestamp, "num_migrated": report.num_migrated})
 
     def _in_background(self, call, *args) -> None:
         """A store write that must not block the event loop (Redis may hang)."""

@@ -136,6 +136,21 @@ class DecodeRole(Role):
     def begin_drain(self) -> None:
         super().begin_drain()
         self.receiver.reject_pending("draining")  # not started: offered elsewhere
+        self._migrate_held()
+
+    def _migrate_held(self) -> None:
+        """`flip_drain` migrate: every sequence held here (decoding, waiting, swapped out, or
+        admitted after the drain began because its KV was already on the way) ends with a
+        recoverable error, and its gateway runs it again elsewhere from the prompt and the
+        tokens generated so far: recompute migration, no KV is copied. The drain then takes one
+        forward instead of the longest remaining output."""
+        if not (self.draining and self.config.flip_drain == "migrate"):
+            return
+        for seq in list(self.scheduler.sequences.values()):
+            self.discard(seq.seq_id, "migrating")
+            self.fail(seq, "instance is flipping to prefill: run again elsewhere",
+                      recoverable=True)
+            self.num_migrated += 1
 
     # -- receiving -----------------------------------------------------------------------------
     def poll(self) -> None:
@@ -149,6 +164,7 @@ class DecodeRole(Role):
             self.fail_request(offer.reply_to, offer.request_id, error,
                               recoverable=self.recoverable,
                               num_prompt_tokens=offer.num_prompt_tokens)
+        self._migrate_held()  # those whose KV arrived after the drain began
         self.expire_deadlines()
 
     # -- forwards ------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ SESSIONS = {
     9: (AVX2, "a session of 2026-11-27, 12:27-15:27 UTC (family 25, Zen 3)"),
     10: (ZEN5, "a session of 2026-11-27, 15:32-18:32 UTC (family 26, Zen 5)"),
     11: (XEON, "a session of 2026-11-27, 18:45-21:45 UTC (family 6 model 85, AVX-512 VNNI)"),
+    12: (AVX2, "a session of 2026-11-28, 05:25-08:25 UTC (family 25, Zen 3)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -72,6 +73,9 @@ HOSTS = {
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
     "decode_intra_xeon": 11, "compare_phase_shift_xeon": 11,
     "compare_phase_shift_xeon_sampled": 11, "compare_routing_xeon_multiturn": 11,
+    **{f"compare_fastserve_zen3_rate{rate}_b8{mode}": 12 for rate in (2, 5)
+       for mode in ("", "_sampled")},
+    "compare_phase_shift_zen3_migrate": 12,
 }
 
 

@@ -202,22 +202,62 @@ def e17_rate5() -> list[str]:
     return compare_region("system", rows, FASTSERVE_COLS, "norm. latency mean")
 
 
+E17_MODES = (("", "greedy"), ("_sampled", "sampled"))
+
+
+def e17_zen3(rate: int) -> list[str]:
+    """E17 as published (proactive swap, profiled job-profiler costs) with 8 batch slots, greedy
+    and sampled, and what the policies did (their counters over each seed's run)."""
+    names = [f"compare_fastserve_zen3_rate{rate}_b8{suffix}" for suffix, _ in E17_MODES]
+    rows = [(f"{label}, {mode}", name, s) for name, (_, mode) in zip(names, E17_MODES)
+            for s, label in FASTSERVE.items()]
+    lines = compare_region("system", rows, FASTSERVE_COLS, "norm. latency mean")
+    counters = []
+    for name, (_, mode) in zip(names, E17_MODES):
+        run = compare(name)
+        for system, label in FASTSERVE.items():
+            if run is None or not run.has(system):
+                continue
+            totals = [(r.get("policy") or {}).get("total", {}) for r in run.runs(system)]
+            counters.append([f"{label}, {mode}", *[" / ".join(str(t.get(key, 0)) for t in totals)
+                                                   for key in E17_COUNTERS]])
+    if counters:
+        lines += ["", *table(["policy counters per seed (0 / 1 / 2)", *E17_COUNTERS], counters)]
+    return lines
+
+
+E17_COUNTERS = ("entered_q1", "promotions", "demotions", "preemptions", "swap_outs",
+                "proactive_swap_outs", "recomputes")
+
+
 PHASE = {"static-2P1D": "static 2P+1D", "flips-2P1D": "2P+1D with load-ratio flips"}
 PHASE_COLS = [Col("TTFT mean (ms)", "TTFT mean"), Col("TTFT p99", "TTFT p99"),
               Col("TPOT p50 (ms)", "TPOT p50", 1), Col("TBT p99", "TBT p99"),
               Col("JCT mean (s)", "JCT mean", 2, 1e-3), Col("output tok/s", "output tok/s", 1)]
 
 
-def e16(name: str = "compare_phase_shift") -> list[str]:
-    rows = [(label, name, s) for s, label in PHASE.items()]
+PHASE_MIGRATE = {**PHASE, "flips-migrate-2P1D": "2P+1D, flips that migrate decodes"}
+
+
+def e16(name: str = "compare_phase_shift", layouts: dict[str, str] = PHASE) -> list[str]:
+    rows = [(label, name, s) for s, label in layouts.items()]
     lines = compare_region("layout", rows, PHASE_COLS, "JCT mean")
     run = compare(name)
-    if run is not None and all(run.has(s) for s in PHASE):
-        flips = "; ".join(f"{PHASE[s]}: " + ", ".join(str(len(r.get("flips", [])))
-                                                     for r in run.runs(s)) for s in PHASE)
-        jct = "; ".join(f"{PHASE[s]}: " + ", ".join(f"{r['jct_s']['mean']:.1f}"
-                                                   for r in run.runs(s)) for s in PHASE)
+    if run is not None and all(run.has(s) for s in layouts):
+        def per_seed(text) -> str:
+            return "; ".join(f"{layouts[s]}: " + ", ".join(text(r) for r in run.runs(s))
+                             for s in layouts)
+        flips = per_seed(lambda r: str(len(r.get("flips", []))))
+        jct = per_seed(lambda r: f"{r['jct_s']['mean']:.1f}")
         lines += ["", f"Flips per seed: {flips}. JCT mean per seed (s): {jct}."]
+        back = [(f["drain_seconds"], f.get("num_migrated", 0)) for s in layouts
+                for r in run.runs(s) for f in r.get("flips", []) if f["from_role"] == "decode"]
+        if any(migrated for _, migrated in back):
+            lines += ["", "Flips back to prefill, per layout and seed (drain s / sequences "
+                      "migrated): " + per_seed(lambda r: " ".join(
+                          f"{f['drain_seconds']:.1f}/{f.get('num_migrated', 0)}"
+                          for f in r.get("flips", []) if f["from_role"] == "decode") or "-")
+                      + "."]
     return lines
 
 
@@ -228,8 +268,11 @@ BUILDERS = {
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
     "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
+    "E17-zen3-rate5": lambda: e17_zen3(5), "E17-zen3-rate2": lambda: e17_zen3(2),
     "E16-xeon": lambda: e16("compare_phase_shift_xeon"),
-    "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"), **experiments.BUILDERS,
+    "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"),
+    "E16-zen3-migrate": lambda: e16("compare_phase_shift_zen3_migrate", PHASE_MIGRATE),
+    **experiments.BUILDERS,
     **seeded.BUILDERS,
 }
 

@@ -25,6 +25,7 @@ from common.block_pool import KVCacheManager
 from common.config import ConfigError, GatewayConfig, InstanceConfig
 from common.protocol import ClusterView, KVTransferOffer
 from common.sampling_params import SamplingParams
+from common.sequence import Sequence
 from control_plane.cluster import InstanceRegistry
 from control_plane.transition import FlipDecision, PoolSnapshot
 from simulator import policies
@@ -96,6 +97,7 @@ class SimCluster:
         self.watcher = policies.watcher(layout.gateway)
         self.recent_ttfts: deque[float] = deque(maxlen=50)  # ClusterMonitor.recent_ttfts
         self.flips: list[dict] = []
+        self.migrations = 0  # sequences handed back by draining decode instances
         self.transfer = {"count": 0, "tokens": 0, "link_seconds": 0.0}
         self._sampling: dict[int, SamplingParams] = {}
         self.instances = self._instances()
@@ -181,6 +183,17 @@ class SimCluster:
             self.fail(request.request_id, f"refused by {inst.instance_id}")
             return
         self._route(request, prompt_ids, frozenset({inst.instance_id}))
+
+    def migrate(self, inst: SimInstance, seq: Sequence) -> None:
+        """Gateway._recover for a sequence a draining decode instance hands back (flip_drain
+        migrate): routed again from its prompt and generated tokens, without that instance."""
+        trace = self.traces[seq.seq_id]
+        trace.recoveries += 1
+        self.migrations += 1
+        if trace.recoveries > self.layout.gateway.max_recoveries:
+            self.fail(seq.seq_id, f"migrated from {inst.instance_id} too often")
+            return
+        self._route(trace.request, list(seq.token_ids), frozenset({inst.instance_id}))
 
     def send(self, instance_id: str, kind: str, payload) -> None:
         target = self.instances[instance_id]

@@ -120,6 +120,8 @@ class SimInstance:
     # -- flips ---------------------------------------------------------------------------------
     def begin_flip(self, target_role: str) -> None:
         self.flip_target = target_role
+        if self.leap is not None:  # the real loop reads its FlipCommand after the forward
+            self._cut_leap()
         self.role.begin_drain()
         if not self.busy and not self._turn_due:
             self._turn_due = True

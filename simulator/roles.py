@@ -65,10 +65,16 @@ class SimRole:
 
     # -- common/engine/role.py -----------------------------------------------------------------
     def sequence_for(self, request, prompt_ids: list[int]) -> Sequence:
-        """Role.sequence_for; arrival_time is the simulated clock (the sort keys read it)."""
-        return Sequence(request.request_id, prompt_ids, self.cluster.sampling(request),
-                        self.inst.max_model_len, arrival_time=self.inst.loop.now,
-                        meta=SequenceMeta(arrival_wall=request.arrival_s))
+        """Role.sequence_for; arrival_time is the simulated clock (the sort keys read it). A
+        request run again after a migration resumes with the tokens its gateway already has
+        counted as output (`prompt_ids` ends with them)."""
+        num_generated = len(self.cluster.traces[request.request_id].token_times)
+        seq = Sequence(request.request_id, prompt_ids[:len(prompt_ids) - num_generated],
+                       self.cluster.sampling(request), self.inst.max_model_len,
+                       arrival_time=self.inst.loop.now,
+                       meta=SequenceMeta(arrival_wall=request.arrival_s))
+        seq.token_ids = list(prompt_ids)
+        return seq
 
     def fits_or_fail(self, seq: Sequence) -> bool:
         kv = self.inst.kv
@@ -223,12 +229,23 @@ class SimDecode(SimRole):
             self.pending.append(offer)
 
     def begin_drain(self) -> None:
-        """DecodeRole.begin_drain: offers not started go back, to be offered elsewhere."""
+        """DecodeRole.begin_drain: offers not started go back, to be offered elsewhere; with
+        flip_drain migrate, the held sequences go back to the gateway at the next turn (the
+        real instance handles its FlipCommand between forwards)."""
         super().begin_drain()
         while self.pending:
             offer = self.pending.popleft()
             self.cluster.send(offer.source_instance, "done",
                               KVTransferDone.rejected(offer.request_id, "draining"))
+
+    def _migrate_held(self) -> None:
+        """DecodeRole._migrate_held: every held sequence runs again elsewhere from its prompt
+        and generated tokens."""
+        if not (self.draining and self.inst.config.decode.flip_drain == "migrate"):
+            return
+        for seq in list(self.scheduler.sequences.values()):
+            self.scheduler.abort(seq.seq_id)
+            self.cluster.migrate(self.inst, seq)
 
     def _admits(self, offer: KVTransferOffer) -> bool:
         """DecodeRole._admits (request-level offers are final)."""
@@ -243,6 +260,7 @@ class SimDecode(SimRole):
     def poll(self) -> None:
         """Receiver.admit: in arrival order, while the policy admits and blocks are there;
         the cached prefix (if any) is not read; the rest goes over the link."""
+        self._migrate_held()
         kv = self.inst.kv
         while self.pending:
             offer = self.pending[0]

@@ -88,6 +88,7 @@ def simulation_section(cluster: SimCluster, wall_s: float, cpu_s: float) -> dict
                       "num_blocks_each": cluster.num_blocks()},
         "preemptions": sum(getattr(i.role.scheduler, "num_preemptions", 0) for i in instances),
         "flips": cluster.flips,
+        "migrations": cluster.migrations,
         "transfers": dict(cluster.transfer),
         "kv_check": kv_check(cluster),
         "cost_model": cluster.costs.source,

@@ -120,6 +120,10 @@ class Role(ABC):
         """How long the loop may block on the inbox when there is no forward to run."""
         return IDLE_WAIT_S
 
+    # Sequences a drain handed back to their gateways instead of finishing (the decode role's
+    # --flip-drain migrate); the FlipReport carries it.
+    num_migrated = 0
+
     def begin_drain(self) -> None:
         """A flip is coming: finish what is held, take no new work that can go elsewhere."""
         self.draining = True

@@ -153,13 +153,14 @@ class InstanceWorker:
         command, drain_started = self._pending_flip
         self._pending_flip = None
         switch_started = time.perf_counter()
-        old = self.role.name
+        old, num_migrated = self.role.name, self.role.num_migrated
         self.role.close()
         # Same runner, KV cache and block tables: only the role object changes.
         self.role = self.role_classes[command.target_role](self.ctx)
         switched = time.perf_counter()
         report = FlipReport(command.flip_id, self.instance_id, old, command.target_role,
-                            switch_started - drain_started, switched - switch_started, time.time())
+                            switch_started - drain_started, switched - switch_started, time.time(),
+                            num_migrated)
         self.flips.append(report)
         log.info("flipped %s -> %s: drain %.1f ms, switch %.3f ms", old, command.target_role,
                  report.drain_seconds * 1e3, report.switch_seconds * 1e3)

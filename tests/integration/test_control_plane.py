@@ -180,6 +180,35 @@ def test_flip_under_load_loses_no_request(tmp_path, tiny):
         cluster.stop()
 
 
+def test_a_migrating_flip_hands_the_decodes_on_and_loses_no_token(tmp_path, tiny):
+    """--flip-drain migrate: a decode instance flipped to prefill mid-load hands its running
+    sequences back; their gateway runs each again from prompt + generated tokens elsewhere,
+    and every request still gets exactly the tokens it asked for."""
+    cluster = Cluster("--model", tiny, "--prefill", "1", "--decode", "2", "--kv-memory-gib",
+                      "0.1", "--flip-drain", "migrate", log_dir=tmp_path)
+    try:
+        model = _served(cluster)
+        results = {}
+        loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
+            [cluster.url], 40, model, concurrency=16, max_tokens=(150, 250)))))
+        loader.start()
+        deadline, busy = time.monotonic() + 60, None
+        while busy is None and time.monotonic() < deadline:
+            held = [(running, i) for i, _, running in _held(cluster.cluster())
+                    if i.startswith("decode") and running >= 2]
+            busy = max(held)[1] if held else None
+            time.sleep(0.05)
+        assert busy is not None, "no decode instance ever held two sequences"
+        record = _wait_flip(cluster, _flip(cluster, busy, "prefill"))
+        loader.join()
+        assert _check_outcomes(results["out"], allow_errors=False) == (40, 0)
+        assert record["num_migrated"] >= 2  # it held at least two when the flip was asked
+        assert _ids(cluster.cluster())[busy] == "prefill"
+        assert _wait_idle(cluster) == []  # no KV block or sequence left held anywhere
+    finally:
+        cluster.stop()
+
+
 def test_redis_restart_during_load(tmp_path, tiny):
     try:
         server = RedisServer()

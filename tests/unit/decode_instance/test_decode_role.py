@@ -19,10 +19,11 @@ GATEWAY = "tcp://gateway"
 HEAVY = LengthPrediction(2, 200, 300)  # over the default threshold of 128 tokens
 
 
-def make_role(num_blocks=32, block_size=4) -> DecodeRole:
+def make_role(num_blocks=32, block_size=4, flip_drain="finish") -> DecodeRole:
     config = SimpleNamespace(
         engine=EngineConfig(batch=BatchConfig(max_num_seqs=4, max_num_batched_tokens=16)),
-        decode=DecodeConfig(), prediction=PredictionConfig(), transfer=TransferConfig())
+        decode=DecodeConfig(flip_drain=flip_drain), prediction=PredictionConfig(),
+        transfer=TransferConfig())
     runner = SimpleNamespace(max_model_len=256)
     ctx = RoleContext("decode-0", config, runner, KVCacheManager(num_blocks, block_size),
                       SimpleNamespace(poll=lambda: []), FakeOutbox(), "tcp://me")
@@ -68,3 +69,30 @@ def test_a_prompt_sent_to_a_decode_instance_goes_back_recoverable():
     role.handle(GenerateRequest("p", [1, 2], SamplingParams(), GATEWAY, time.time()))
     (update,) = role.ctx.pending_tokens.pop(GATEWAY)
     assert update.error == "not a prefill instance" and update.recoverable
+
+
+def test_a_flip_drain_finishes_the_held_decodes_by_default():
+    role = make_role()
+    received(role, "a", max_tokens=3)
+    role.begin_drain()
+    assert not role.is_drained and role.num_migrated == 0
+    assert turn(role) == [("a", [9], None, "")]  # decoding goes on during the drain
+    assert turn(role) == [("a", [9], "length", "")] and role.is_drained
+
+
+def test_a_migrating_flip_drain_hands_every_held_sequence_back_recoverable():
+    role = make_role(flip_drain="migrate")
+    received(role, "a", max_tokens=8)
+    received(role, "b", max_tokens=8)
+    assert turn(role) == [("a", [9], None, ""), ("b", [9], None, "")]
+    role.begin_drain()
+    updates = role.ctx.pending_tokens.pop(GATEWAY)
+    assert [(u.request_id, u.recoverable, u.num_output_tokens) for u in updates] == [
+        ("a", True, 2), ("b", True, 2)]  # each with its output so far: the gateway holds it
+    assert role.is_drained and role.num_migrated == 2
+    assert role.ctx.kv.num_free_blocks == role.ctx.kv.num_blocks  # nothing leaked
+    # a sequence whose KV arrives after the drain began goes the same way at the next turn
+    received(role, "late", max_tokens=8)
+    assert turn(role) == [("late", [], "error",
+                           "instance is flipping to prefill: run again elsewhere")]
+    assert role.num_migrated == 3 and role.ctx.kv.num_free_blocks == role.ctx.kv.num_blocks

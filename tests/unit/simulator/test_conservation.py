@@ -72,3 +72,32 @@ def test_a_flipping_cluster_moves_an_instance_and_still_conserves():
     assert {(f["from"], f["to"]) for f in cluster.flips} == {("prefill", "decode")}
     roles = [i.role.name for i in cluster.instances.values()]
     assert roles.count("decode") == 1 + len(cluster.flips)
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_a_migrating_flip_hands_the_decodes_on_and_still_conserves(steady):
+    """decode-0 flips to prefill mid-run: draining by migration hands its sequences back to the
+    gateway (each runs again from prompt + generated tokens), drains sooner than finishing them
+    and still delivers every token of every request, with every block back."""
+    from dataclasses import replace as replace_config
+
+    from control_plane.transition import FlipDecision
+
+    def run_flip(drain: str) -> SimCluster:
+        base = instance_config()
+        instance = replace_config(base, decode=replace_config(base.decode, flip_drain=drain))
+        lay = replace_config(layout(1, 2, instance=instance), steady_decode=steady)
+        cluster = SimCluster(lay, COSTS, requests(num=60, rate=10.0), 0)
+        cluster.loop.at(3.0, cluster._flip, FlipDecision("decode-0", "prefill", "test"))
+        cluster.run()
+        return cluster
+
+    finish, migrate = run_flip("finish"), run_flip("migrate")
+    for cluster in (finish, migrate):
+        assert_conserved(cluster)
+        (flip,) = cluster.flips
+        assert (flip["from"], flip["to"]) == ("decode", "prefill")
+    assert finish.migrations == 0 and migrate.migrations > 0
+    drain = {name: c.flips[0]["end_s"] - c.flips[0]["start_s"]
+             for name, c in (("finish", finish), ("migrate", migrate))}
+    assert drain["migrate"] < drain["finish"]  # simulated seconds, not wall time

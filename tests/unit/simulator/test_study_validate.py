@@ -127,3 +127,21 @@ def test_forward_time_compares_the_instances_busy_seconds_and_is_printed():
               "forward_time": diagnostic}
     text = format_errors(Case("vllm", "LPLD", "low", 0), result)
     assert "forward seconds" in text and "-25.0% (diagnostic)" in text
+
+
+def test_the_validation_table_marks_misses_and_skips_calibration_files(tmp_path):
+    from simulator.validation_table import table
+
+    def case(ttft_sim: float, busy_error):
+        return {"rate": 0.64, "errors": errors({"ttft_s": {"mean": 1.0, "p99": 2.0}},
+                                               {"ttft_s": {"mean": ttft_sim, "p99": 2.0}}),
+                "forward_time": {"relative_error": busy_error}}
+
+    (tmp_path / "vllm-LPLD-low-s0.json").write_text(json.dumps(case(1.02, -0.031)))
+    (tmp_path / "vllm-LPLD-low-s1.json").write_text(json.dumps(case(1.5, None)))
+    (tmp_path / "calibration-vllm-LPLD-low-s9.json").write_text("{}")
+    lines = table([tmp_path]).splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| case | req/s | TTFT mean")
+    assert lines[2].startswith("| vllm-LPLD-low-s0 | 0.64 | +2.0% | +0.0% | - |")
+    assert lines[2].endswith("| -3.1% |")
+    assert "+50.0% *" in lines[3] and lines[3].endswith("| - |")

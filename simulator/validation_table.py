@@ -1,0 +1,60 @@
+"""The validation table of docs/simulator.md from the case files `simulator.validate` wrote.
+
+    python -m simulator.validation_table DIR [DIR ...]
+
+One row per case file (<case>.json; calibration files are skipped) of each directory, in
+directory order: the relative error (simulated - real) / real of each metric against its target,
+marked * where it misses, and the forward-seconds diagnostic where the real run recorded it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from simulator.validate import METRICS
+
+HEADERS = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "tpot_mean": "TPOT mean",
+           "jct_mean": "JCT mean", "throughput_tokens": "throughput"}
+
+
+def case_files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.glob("*.json") if not p.name.startswith("calibration-"))
+
+
+def cell(error: dict) -> str:
+    value = error.get("relative_error")
+    if value is None:
+        return "-"
+    return f"{value:+.1%}" + ("" if error["within_target"] else " *")
+
+
+def row(label: str, result: dict) -> list[str]:
+    busy = (result.get("forward_time") or {}).get("relative_error")
+    return [label, f"{result['rate']:.2f}",
+            *[cell(result["errors"][name]) for name in METRICS],
+            "-" if busy is None else f"{busy:+.1%}"]
+
+
+def table(directories: list[Path]) -> str:
+    header = ["case", "req/s", *[HEADERS[name] for name in METRICS], "forward s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for directory in directories:
+        for path in case_files(directory):
+            result = json.loads(path.read_text())
+            label = f"{path.stem} ({directory.name})" if len(directories) > 1 else path.stem
+            lines.append("| " + " | ".join(row(label, result)) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulator.validation_table",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("directories", nargs="+", type=Path)
+    print(table(parser.parse_args(argv).directories))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
