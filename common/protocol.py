@@ -184,6 +184,8 @@ class InstanceStats(Message):
     num_transferring: int = 0  # KV leases held (prefill) or reads in flight (decode)
     num_queued_tokens: int = 0  # prompt tokens not yet prefilled (prefill) or waiting (decode)
     busy_seconds: float = 0.0  # wall time spent in forwards since start
+    num_forwards: int = 0  # forwards since start
+    forward_turn_seconds: float = 0.0  # wall time of the loop turns that ran them, since start
     num_computed_tokens: int = 0  # tokens computed in those forwards (not padding), since start
     timestamp: float = 0.0
     pid: int = 0

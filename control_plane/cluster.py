@@ -267,7 +267,8 @@ class InstanceRegistry:
                                  "blocks_skipped": s.kv_blocks_skipped,
                                  "local_prefills": s.num_local_prefills},
                 "policy": dict(s.policy_counters),
-                "busy_seconds": round(s.busy_seconds, 3),
+                "busy_seconds": round(s.busy_seconds, 3), "num_forwards": s.num_forwards,
+                "forward_turn_seconds": round(s.forward_turn_seconds, 3),
                 "uptime_s": round(now - state.first_seen, 3),  # since its first report here
                 "seconds_since_report": round(now - state.last_seen, 3)})
         return rows

@@ -42,6 +42,10 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
                           "model's)")
     sim.add_argument("--message-latency", type=float, default=0.0, metavar="SECONDS",
                      help="delay of control messages (requests, offers, acknowledgements)")
+    sim.add_argument("--turn-overhead", type=float, default=0.0, metavar="SECONDS",
+                     help="an instance loop's own work per forward, beside the forward "
+                          "(real instances report it: GET /cluster forward_turn_seconds - "
+                          "busy_seconds over num_forwards)")
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",

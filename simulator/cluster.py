@@ -51,6 +51,9 @@ class Layout:
     link: str | None = None
     message_latency_s: float = 0.0  # control messages (requests, offers, acks, views)
     flip_switch_s: float = 0.01  # a drained instance's role switch (no model reload)
+    # An instance loop's own work per forward (messages, scheduling, streaming, reports), after
+    # each forward and before its tokens count; 0: the loop costs nothing beside the forwards
+    turn_overhead_s: float = 0.0
     drain_limit_s: float = 3600.0  # after the last arrival, stop and count the rest unfinished
     # Step a decode instance's steady batch without planning it (simulator/steady.py): the same
     # result, several times faster; False plans every forward with the scheduler.
@@ -60,6 +63,8 @@ class Layout:
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
+        if self.turn_overhead_s < 0:
+            raise ConfigError("the turn overhead must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
         if self.leap_steps < 1:

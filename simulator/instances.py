@@ -83,7 +83,8 @@ class SimInstance:
             return
         seconds = self.costs.forward_s(plan, self.kv.block_size)
         self.busy = True
-        self.loop.after(seconds, self._forward_done, plan, seconds)
+        self.loop.after(seconds + self.cluster.layout.turn_overhead_s, self._forward_done, plan,
+                        seconds)
 
     def _forward_done(self, plan: BatchPlan, seconds: float) -> None:
         self.busy_seconds += seconds

@@ -185,9 +185,10 @@ class Leap:
             counts[f] = counts.get(f, 0) + 1
         active, tokens = len(batch), context + len(batch)  # tokens: sum of num_tokens
         times, seconds, clock = [], [], now
+        overhead = self.inst.cluster.layout.turn_overhead_s  # the loop's own work per forward
         for j in range(1, self.num_steps + 1):
             dt = self.inst.costs.decode_s(active, tokens - active + (j - 1) * active)
-            clock += dt
+            clock += dt + overhead
             times.append(clock)
             seconds.append(dt)
             active -= counts.get(j, 0)

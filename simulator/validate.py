@@ -170,43 +170,62 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
         warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
         asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
                              progress=False))
-        busy_before = busy_seconds(cluster.cluster())
+        loop_before = loop_counters(cluster.cluster())
         started = time.monotonic()
         records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
                                        ignore_eos=True, progress=False))
         wall = time.monotonic() - started
         time.sleep(REPORT_INTERVAL_S * 2)  # the last forwards' report reaches the gateway
-        busy = busy_seconds(cluster.cluster()) - busy_before
+        loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
     finally:
         cluster.stop()
     summary = summarize(records, run_duration(records))
     per_request = [{"ttft_s": r.ttft, "jct_s": r.jct, "output_tokens": r.output_tokens,
                     "error": r.error} for r in records]
     return {"up_args": args, "summary": summary, "wall_s": wall, "per_request": per_request,
-            "busy_s": busy, "uptime_before": before, "uptime_after": uptime()}, records
+            **loop, "uptime_before": before, "uptime_after": uptime()}, records
 
 
-def busy_seconds(view: dict) -> float:
-    """Seconds every instance of a `GET /cluster` answer has spent in forwards, summed."""
-    return sum(float(i.get("busy_seconds", 0.0)) for i in view["instances"])
+LOOP_COUNTERS = {"busy_s": "busy_seconds", "num_forwards": "num_forwards",
+                 "turn_s": "forward_turn_seconds"}
+
+
+def loop_counters(view: dict) -> dict:
+    """Summed over the instances of a `GET /cluster` answer: seconds in forwards, forwards, and
+    the wall time of the loop turns that ran them."""
+    return {key: sum(float(i.get(field, 0.0)) for i in view["instances"])
+            for key, field in LOOP_COUNTERS.items()}
+
+
+def measured_overhead(real: dict) -> float | None:
+    """The instance loop's own seconds per forward in a real run (its turns less its forwards),
+    None for a run recorded without them."""
+    if not real.get("num_forwards"):
+        return None
+    return max(real["turn_s"] - real["busy_s"], 0.0) / real["num_forwards"]
 
 
 def forward_time(real: dict, simulated: dict) -> dict:
     """A diagnostic beside the metrics (no target): the seconds the instances spent in forwards
-    during the load, real and simulated. Close totals with far-off latencies point away from the
-    cost model's total, toward where the time falls; None for a real run recorded without it."""
+    during the load, real and simulated, the forwards run and the loop's own seconds per forward.
+    Close totals with far-off latencies point away from the cost model's total, toward where the
+    time falls; None for a real run recorded without it."""
     r = real.get("busy_s")
-    s = simulated["summary"]["simulation"]["instances"]["busy_instance_s"]
-    return {"real": r, "simulated": s, "relative_error": (s - r) / r if r else None}
+    sim = simulated["summary"]["simulation"]
+    s = sim["instances"]["busy_instance_s"]
+    return {"real": r, "simulated": s, "relative_error": (s - r) / r if r else None,
+            "real_forwards": real.get("num_forwards"), "simulated_forwards": sim["forwards"],
+            "real_overhead_per_forward_s": measured_overhead(real)}
 
 
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
-                  cache_dir: str) -> dict:
+                  cache_dir: str, turn_overhead_s: float = 0.0) -> dict:
     """The same flags through `splitserve simulate`'s parser, the same requests."""
     from simulator.run import report, run_cluster
     from simulator.workload import from_bench
 
-    layout = flags_layout(list(LAYOUTS[case.layout][0]), cache_dir)
+    layout = replace(flags_layout(list(LAYOUTS[case.layout][0]), cache_dir),
+                     turn_overhead_s=turn_overhead_s)
     cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
     traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
     per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
@@ -262,17 +281,20 @@ def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> d
 
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
              out: Path, calibration: dict | None = None, real_from: Path | None = None,
-             rate_from_real: bool = False) -> dict:
+             rate_from_real: bool = False, turn_overhead: str = "0") -> dict:
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
     with `real_from`, the real side is that directory's run of the case, if it has one, and
-    with `rate_from_real` its rate too (another cost model puts the capacity elsewhere)."""
+    with `rate_from_real` its rate too (another cost model puts the capacity elsewhere);
+    `turn_overhead` seconds per forward, or "measured": the real run's own."""
     measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
     rate = (rate_from_real and earlier_rate(case, real_from)) or case_rate(case, measured)
     costs = measured.scaled(calibration["factor"]) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
         case, requests, arrivals, cache_dir, out / "logs")
-    simulated = simulated_run(case, requests, arrivals, costs, cache_dir)
+    overhead = (measured_overhead(real) or 0.0) if turn_overhead == "measured" \
+        else float(turn_overhead)
+    simulated = simulated_run(case, requests, arrivals, costs, cache_dir, overhead)
     if calibration is not None:  # what the profile alone gave, beside the calibrated errors
         calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (
             simulated_run(case, requests, arrivals, measured, cache_dir)["summary"]))}
@@ -280,7 +302,7 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
               "profile": profile, "calibration": calibration and {
                   k: v for k, v in calibration.items() if k != "tried"},
               "errors": errors(real["summary"], simulated["summary"]),
-              "forward_time": forward_time(real, simulated),
+              "forward_time": forward_time(real, simulated), "turn_overhead_s": overhead,
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
@@ -324,6 +346,10 @@ def format_errors(case: Case, result: dict) -> str:
         lines.append(f"  {'forward seconds':<18} real {busy['real']:<24.3f} simulated "
                      f"{busy['simulated']:<24.3f} error {busy['relative_error']:+8.1%} "
                      "(diagnostic)")
+    if busy.get("real_overhead_per_forward_s") is not None:
+        lines.append(f"  {'forwards':<18} real {busy['real_forwards']:<24.0f} simulated "
+                     f"{busy['simulated_forwards']:<24} loop overhead "
+                     f"{busy['real_overhead_per_forward_s'] * 1e3:.1f} ms per real forward")
     return "\n".join(lines)
 
 
@@ -349,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --real-from: each case at its earlier run's rate (the same "
                              "run under another cost model, whose capacity, and so whose case "
                              "rate, differs)")
+    parser.add_argument("--turn-overhead", default="0", metavar="SECONDS|measured",
+                        help="the simulated instance loop's own seconds per forward; "
+                             "'measured': each case's real run's (its turns less its forwards, "
+                             "GET /cluster), not fitted")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
@@ -370,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
                                            args.out, calibrations.get(key), args.real_from,
-                                           args.rate_from_real)),
+                                           args.rate_from_real, args.turn_overhead)),
               flush=True)
     return 0
 

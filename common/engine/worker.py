@@ -89,6 +89,10 @@ class InstanceWorker:
         self.link = make_link(config, self.outbox)
         self.running = True
         self.busy_seconds = 0.0
+        # Turns that ran a forward: how many, and their wall time from the inbox read on (the
+        # forward plus the loop's own work around it: messages, scheduling, streaming, reports)
+        self.num_forwards = 0
+        self.forward_turn_seconds = 0.0
         self.computed_tokens = 0
         self.integrity_violations = 0
         self.requests_seen: dict[str, int] = {}  # gateway inbox -> GenerateRequests received
@@ -113,7 +117,9 @@ class InstanceWorker:
 
     def _turn(self) -> None:
         wait = 0.0 if self.role.has_work else self.role.wait_s
-        for message in self.inbox.receive(wait) + self.link.receive():
+        messages = self.inbox.receive(wait) + self.link.receive()
+        started = time.perf_counter()
+        for message in messages:
             if isinstance(message, Shutdown):
                 self.running = False
             elif isinstance(message, FlipCommand):
@@ -140,6 +146,9 @@ class InstanceWorker:
             self.role.update_from_output(plan, output)
         self.metrics.last_turn = time.monotonic()
         self._flush_tokens()
+        if not plan.is_empty:  # after the flush: sending the tokens is part of the turn's work
+            self.num_forwards += 1
+            self.forward_turn_seconds += time.perf_counter() - started
 
     def _start_flip(self, command: FlipCommand) -> None:
         if (command.target_role == self.role.name or self._pending_flip is not None
@@ -215,6 +224,7 @@ class InstanceWorker:
             kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
+            num_forwards=self.num_forwards, forward_turn_seconds=self.forward_turn_seconds,
             num_computed_tokens=self.computed_tokens,
             timestamp=time.time(), pid=os.getpid(), draining=self._pending_flip is not None,
             metrics_url=self._metrics_url, prefix_query_tokens=self.ctx.kv.stats.queries,

@@ -250,7 +250,8 @@ def test_describe_fields(registry, clock):
         "kv_blocks": {"total": 100, "free": 30, "used": 70, "cached": 12},
         "prefix_cache": {"query_tokens": 300, "hit_tokens": 96, "hit_rate": 0.32,
                          "blocks_read": 0, "blocks_skipped": 0, "local_prefills": 0},
-        "policy": {}, "busy_seconds": 1.235, "uptime_s": 0.25, "seconds_since_report": 0.25}
+        "policy": {}, "busy_seconds": 1.235, "num_forwards": 0, "forward_turn_seconds": 0.0,
+        "uptime_s": 0.25, "seconds_since_report": 0.25}
     assert rows[0]["kv_blocks"] == {"total": 64, "free": 10, "used": 54, "cached": 0}
     clock.advance(1.0)
     assert [r["ready"] for r in registry.describe()] == [False, False]

@@ -101,3 +101,21 @@ def test_a_migrating_flip_hands_the_decodes_on_and_still_conserves(steady):
     drain = {name: c.flips[0]["end_s"] - c.flips[0]["start_s"]
              for name, c in (("finish", finish), ("migrate", migrate))}
     assert drain["migrate"] < drain["finish"]  # simulated seconds, not wall time
+
+
+def test_a_turn_overhead_delays_every_forward_but_adds_no_busy_time():
+    """One request alone: every forward on its way (prefill chunks, decode steps) ends the
+    overhead later, so its JCT grows by the overhead times the forwards, and busy time not."""
+    from dataclasses import replace as replace_layout
+
+    for steady in (True, False):
+        lay = replace_layout(layout(1, 1), steady_decode=steady)
+        plain = run(lay, requests(num=1))
+        slow = run(replace_layout(lay, turn_overhead_s=0.005), requests(num=1))
+        assert_conserved(slow)
+        (before,), (after,) = plain.traces.values(), slow.traces.values()
+        forwards = sum(i.num_forwards for i in slow.instances.values())
+        assert forwards == sum(i.num_forwards for i in plain.instances.values()) > 10
+        assert after.finish - before.finish == pytest.approx(0.005 * forwards)
+        busy = [sum(i.busy_seconds for i in c.instances.values()) for c in (plain, slow)]
+        assert busy[1] == pytest.approx(busy[0])

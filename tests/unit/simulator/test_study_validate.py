@@ -113,20 +113,28 @@ def test_an_earlier_real_run_is_reused_only_for_the_same_rate_and_count(tmp_path
 
 
 def test_forward_time_compares_the_instances_busy_seconds_and_is_printed():
-    from simulator.validate import Case, busy_seconds, format_errors, forward_time
+    from simulator.validate import Case, format_errors, forward_time, loop_counters
 
-    view = {"instances": [{"instance_id": "prefill-0", "busy_seconds": 1.5},
-                          {"instance_id": "decode-0", "busy_seconds": 2.5}, {"instance_id": "x"}]}
-    assert busy_seconds(view) == pytest.approx(4.0)
-    simulated = {"summary": {"simulation": {"instances": {"busy_instance_s": 3.0}}}}
-    diagnostic = forward_time({"busy_s": 4.0}, simulated)
-    assert diagnostic == {"real": 4.0, "simulated": 3.0, "relative_error": pytest.approx(-0.25)}
-    assert forward_time({}, simulated)["relative_error"] is None  # recorded before busy_s
+    view = {"instances": [
+        {"instance_id": "prefill-0", "busy_seconds": 1.5, "num_forwards": 10,
+         "forward_turn_seconds": 1.6},
+        {"instance_id": "decode-0", "busy_seconds": 2.5, "num_forwards": 30,
+         "forward_turn_seconds": 2.8}, {"instance_id": "x"}]}
+    real = loop_counters(view)
+    assert real == pytest.approx({"busy_s": 4.0, "num_forwards": 40, "turn_s": 4.4})
+    simulated = {"summary": {"simulation": {"instances": {"busy_instance_s": 3.0},
+                                            "forwards": 38}}}
+    diagnostic = forward_time(real, simulated)
+    assert diagnostic["relative_error"] == pytest.approx(-0.25)
+    assert diagnostic["real_overhead_per_forward_s"] == pytest.approx(0.01)  # 0.4 s / 40
+    assert (diagnostic["real_forwards"], diagnostic["simulated_forwards"]) == (40, 38)
+    earlier = forward_time({}, simulated)  # recorded before the counters
+    assert earlier["relative_error"] is None and earlier["real_overhead_per_forward_s"] is None
     result = {"num_requests": 4, "rate": 1.0, "real": {"uptime_before": "up"},
               "errors": errors({"ttft_s": {"mean": 1.0}}, {"ttft_s": {"mean": 1.1}}),
               "forward_time": diagnostic}
     text = format_errors(Case("vllm", "LPLD", "low", 0), result)
-    assert "forward seconds" in text and "-25.0% (diagnostic)" in text
+    assert "-25.0% (diagnostic)" in text and "10.0 ms per real forward" in text
 
 
 def test_the_validation_table_marks_misses_and_skips_calibration_files(tmp_path):
