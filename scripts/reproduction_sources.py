@@ -73,8 +73,7 @@ HOSTS = {
     "compare_sarathi_ablation_budget1024_zen5_sampled": 10,
     "decode_intra_xeon": 11, "compare_phase_shift_xeon": 11,
     "compare_phase_shift_xeon_sampled": 11, "compare_routing_xeon_multiturn": 11,
-    **{f"compare_fastserve_zen3_rate{rate}_b8{mode}": 12 for rate in (2, 5)
-       for mode in ("", "_sampled")},
+    "compare_fastserve_zen3_rate5_b8": 12, "compare_fastserve_zen3_rate5_b8_sampled": 12,
     "compare_phase_shift_zen3_migrate": 12,
 }
 

@@ -268,7 +268,7 @@ BUILDERS = {
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
     "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
-    "E17-zen3-rate5": lambda: e17_zen3(5), "E17-zen3-rate2": lambda: e17_zen3(2),
+    "E17-zen3-rate5": lambda: e17_zen3(5),
     "E16-xeon": lambda: e16("compare_phase_shift_xeon"),
     "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"),
     "E16-zen3-migrate": lambda: e16("compare_phase_shift_zen3_migrate", PHASE_MIGRATE),
