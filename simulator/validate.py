@@ -334,25 +334,6 @@ def calibrate_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache
     return result
 
 
-def format_errors(case: Case, result: dict) -> str:
-    lines = [(f"{case.name}: {result['num_requests']} requests at {result['rate']:.2f} req/s; "
-              f"{result['real']['uptime_before']}")]
-    for name, e in result["errors"].items():
-        err = "-" if e["relative_error"] is None else f"{e['relative_error']:+.1%}"
-        lines.append(f"  {name:<18} real {e['real']!s:<24.24} simulated {e['simulated']!s:<24.24}"
-                     f" error {err:>8} (target {e['target']:.0%})")
-    busy = result.get("forward_time") or {}
-    if busy.get("relative_error") is not None:
-        lines.append(f"  {'forward seconds':<18} real {busy['real']:<24.3f} simulated "
-                     f"{busy['simulated']:<24.3f} error {busy['relative_error']:+8.1%} "
-                     "(diagnostic)")
-    if busy.get("real_overhead_per_forward_s") is not None:
-        lines.append(f"  {'forwards':<18} real {busy['real_forwards']:<24.0f} simulated "
-                     f"{busy['simulated_forwards']:<24} loop overhead "
-                     f"{busy['real_overhead_per_forward_s'] * 1e3:.1f} ms per real forward")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.validate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -382,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
+    from simulator.validation_table import format_errors
+
     profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
     calibrations: dict[tuple, dict] = {}
     for case in select(args.cases):

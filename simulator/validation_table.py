@@ -1,4 +1,5 @@
-"""The validation table of docs/simulator.md from the case files `simulator.validate` wrote.
+"""The validation table of docs/simulator.md from the case files `simulator.validate` wrote,
+and the lines `simulator.validate` prints for each case.
 
     python -m simulator.validation_table DIR [DIR ...]
 
@@ -13,10 +14,29 @@ import argparse
 import json
 from pathlib import Path
 
-from simulator.validate import METRICS
+from simulator.validate import METRICS, Case
 
 HEADERS = {"ttft_mean": "TTFT mean", "ttft_p99": "TTFT p99", "tpot_mean": "TPOT mean",
            "jct_mean": "JCT mean", "throughput_tokens": "throughput"}
+
+
+def format_errors(case: Case, result: dict) -> str:
+    lines = [(f"{case.name}: {result['num_requests']} requests at {result['rate']:.2f} req/s; "
+              f"{result['real']['uptime_before']}")]
+    for name, e in result["errors"].items():
+        err = "-" if e["relative_error"] is None else f"{e['relative_error']:+.1%}"
+        lines.append(f"  {name:<18} real {e['real']!s:<24.24} simulated {e['simulated']!s:<24.24}"
+                     f" error {err:>8} (target {e['target']:.0%})")
+    busy = result.get("forward_time") or {}
+    if busy.get("relative_error") is not None:
+        lines.append(f"  {'forward seconds':<18} real {busy['real']:<24.3f} simulated "
+                     f"{busy['simulated']:<24.3f} error {busy['relative_error']:+8.1%} "
+                     "(diagnostic)")
+    if busy.get("real_overhead_per_forward_s") is not None:
+        lines.append(f"  {'forwards':<18} real {busy['real_forwards']:<24.0f} simulated "
+                     f"{busy['simulated_forwards']:<24} loop overhead "
+                     f"{busy['real_overhead_per_forward_s'] * 1e3:.1f} ms per real forward")
+    return "\n".join(lines)
 
 
 def case_files(directory: Path) -> list[Path]:

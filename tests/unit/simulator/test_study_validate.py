@@ -113,7 +113,8 @@ def test_an_earlier_real_run_is_reused_only_for_the_same_rate_and_count(tmp_path
 
 
 def test_forward_time_compares_the_instances_busy_seconds_and_is_printed():
-    from simulator.validate import Case, format_errors, forward_time, loop_counters
+    from simulator.validate import Case, forward_time, loop_counters
+    from simulator.validation_table import format_errors
 
     view = {"instances": [
         {"instance_id": "prefill-0", "busy_seconds": 1.5, "num_forwards": 10,
