@@ -32,6 +32,15 @@ def _served(cluster: Cluster) -> str:
     return httpx.get(cluster.url + "/v1/models", timeout=5).json()["data"][0]["id"]
 
 
+def _load_in_background(cluster: Cluster, model: str, count: int, **options):
+    """`run_load` on a thread, started; join it, then read the outcomes from `results["out"]`."""
+    results: dict = {}
+    loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
+        [cluster.url], count, model, **options))))
+    loader.start()
+    return loader, results
+
+
 def _ids(view: dict) -> dict[str, str]:
     return {i["instance_id"]: i["role"] for i in view["instances"]}
 
@@ -157,10 +166,8 @@ def test_flip_under_load_loses_no_request(tmp_path, tiny):
     try:
         model = _served(cluster)
         prefill = sorted(i for i, r in _ids(cluster.cluster()).items() if r == "prefill")[0]
-        results = {}
-        loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
-            [cluster.url], 60, model, concurrency=20, max_tokens=(30, 60)))))
-        loader.start()
+        loader, results = _load_in_background(cluster, model, 60,
+                                              concurrency=20, max_tokens=(30, 60))
         time.sleep(0.7)
         to_decode = _wait_flip(cluster, _flip(cluster, prefill, "decode"))
         time.sleep(0.3)
@@ -188,10 +195,8 @@ def test_a_migrating_flip_hands_the_decodes_on_and_loses_no_token(tmp_path, tiny
                       "0.1", "--flip-drain", "migrate", log_dir=tmp_path)
     try:
         model = _served(cluster)
-        results = {}
-        loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
-            [cluster.url], 40, model, concurrency=16, max_tokens=(150, 250)))))
-        loader.start()
+        loader, results = _load_in_background(cluster, model, 40,
+                                              concurrency=16, max_tokens=(150, 250))
         deadline, busy = time.monotonic() + 60, None
         while busy is None and time.monotonic() < deadline:
             held = [(running, i) for i, _, running in _held(cluster.cluster())
@@ -218,12 +223,10 @@ def test_redis_restart_during_load(tmp_path, tiny):
                       log_dir=tmp_path)
     try:
         model = _served(cluster)
-        results = {}
         # Long enough to outlast the restart (60 requests of 40-80 tokens: the faster kernels
         # finished the load while Redis was down).
-        loader = threading.Thread(target=lambda: results.update(out=asyncio.run(run_load(
-            [cluster.url], 80, model, concurrency=10, max_tokens=(200, 400)))))
-        loader.start()
+        loader, results = _load_in_background(cluster, model, 80,
+                                              concurrency=10, max_tokens=(200, 400))
         time.sleep(0.5)
         server.kill()
         time.sleep(2.0)
