@@ -27,6 +27,7 @@ def make_worker(events: list[str], messages: list, plan_empty: bool = False) -> 
         events.append("forward"), SimpleNamespace(forward_seconds=5.0))[1])
     worker.metrics = SimpleNamespace(count=lambda *a: None, last_turn=0.0)
     worker.busy_seconds, worker.computed_tokens = 0.0, 0
+    worker.num_forwards, worker.forward_turn_seconds = 0, 0.0
     worker._pending_flip = None
     worker._next_report = 0.0  # a report is due
     worker._flush_tokens = lambda: events.append("flush")
@@ -39,6 +40,16 @@ def test_report_is_sent_after_the_messages_and_before_the_forward():
     make_worker(events, ["generate"])._turn()
     assert events == ["receive", "handle generate", "poll", "report", "schedule", "forward",
                       "update", "flush"]
+
+
+def test_a_turn_that_ran_a_forward_is_counted_and_timed_and_an_empty_one_is_not():
+    worker = make_worker([], [])
+    worker._turn()
+    assert worker.num_forwards == 1 and worker.busy_seconds == 5.0  # the fake forward's time
+    assert worker.forward_turn_seconds > 0  # the turn's own wall time (the fake is instant)
+    idle = make_worker([], [], plan_empty=True)
+    idle._turn()
+    assert idle.num_forwards == 0 and idle.forward_turn_seconds == 0.0
 
 
 def test_no_report_before_the_interval():
