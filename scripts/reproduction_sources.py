@@ -74,7 +74,7 @@ HOSTS = {
     "decode_intra_xeon": 11, "compare_phase_shift_xeon": 11,
     "compare_phase_shift_xeon_sampled": 11, "compare_routing_xeon_multiturn": 11,
     "compare_fastserve_zen3_rate5_b8": 12, "compare_fastserve_zen3_rate5_b8_sampled": 12,
-    "compare_phase_shift_zen3_migrate": 12,
+    "compare_phase_shift_zen3_migrate": 12, "compare_phase_shift_zen3_migrate_sampled": 12,
 }
 
 

@@ -272,6 +272,8 @@ BUILDERS = {
     "E16-xeon": lambda: e16("compare_phase_shift_xeon"),
     "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"),
     "E16-zen3-migrate": lambda: e16("compare_phase_shift_zen3_migrate", PHASE_MIGRATE),
+    "E16-zen3-migrate-sampled": lambda: e16("compare_phase_shift_zen3_migrate_sampled",
+                                            PHASE_MIGRATE),
     **experiments.BUILDERS,
     **seeded.BUILDERS,
 }
