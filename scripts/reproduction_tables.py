@@ -250,9 +250,8 @@ def e16(name: str = "compare_phase_shift", layouts: dict[str, str] = PHASE) -> l
         flips = per_seed(lambda r: str(len(r.get("flips", []))))
         jct = per_seed(lambda r: f"{r['jct_s']['mean']:.1f}")
         lines += ["", f"Flips per seed: {flips}. JCT mean per seed (s): {jct}."]
-        back = [(f["drain_seconds"], f.get("num_migrated", 0)) for s in layouts
-                for r in run.runs(s) for f in r.get("flips", []) if f["from_role"] == "decode"]
-        if any(migrated for _, migrated in back):
+        if any(f.get("num_migrated", 0) for s in layouts for r in run.runs(s)
+               for f in r.get("flips", [])):
             lines += ["", "Flips back to prefill, per layout and seed (drain s / sequences "
                       "migrated): " + per_seed(lambda r: " ".join(
                           f"{f['drain_seconds']:.1f}/{f.get('num_migrated', 0)}"

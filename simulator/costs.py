@@ -175,10 +175,8 @@ class CostModel:
 
     def multi_prompt_s(self, num_prompts: int, num_tokens: int) -> float:
         """`forward_s` of `num_prompts` fresh prompts of `num_tokens` each, each sampling."""
-        fresh = [num_tokens] * num_prompts
-        extra = self.multi_prompt_extra_s(fresh) if num_prompts > 1 else 0.0
-        return self.base_s(num_prompts * num_tokens) + self.per_sampled_row_s * num_prompts \
-            + extra
+        return (self.base_s(num_prompts * num_tokens) + self.per_sampled_row_s * num_prompts
+                + self.multi_prompt_extra_s([num_tokens] * num_prompts))
 
     def decode_s(self, num_seqs: int, context: int) -> float:
         """`forward_s` of a plan of `num_seqs` one-token decodes after `context` cached tokens in

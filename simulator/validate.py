@@ -35,7 +35,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common.config import ConfigError
+from common.config import ConfigError, InstanceConfig
 from simulator.costs import CostModel
 from simulator.fit import fit_profile
 
@@ -51,7 +51,6 @@ WORKLOADS = ("LPLD", "HPLD", "Mixed")
 WARM_UP_PROMPT = "Warm-up request: reply with one word."  # in no workload: nothing cached
 RATES = {"low": 0.25, "high": 0.5}  # x the cluster's idealized capacity (module docstring)
 CORES = 2
-REPORT_INTERVAL_S = 0.1  # instances' load reports (common.engine.worker)
 SEEDS = (0, 1, 2)
 METRICS = {  # name -> (path in bench's summary, target relative error)
     "ttft_mean": (("ttft_s", "mean"), 0.05), "ttft_p99": (("ttft_s", "p99"), 0.15),
@@ -113,7 +112,6 @@ def profile_for(records: list[tuple[str, dict]], threads: int) -> tuple[CostMode
 def capacity(workload: str, costs: CostModel) -> float:
     """The machine's idealized capacity for `workload` on `costs` (simulator.study.anchor_rate
     x its cores), in requests per second: the scale the cases' rates are fractions of."""
-    from common.config import InstanceConfig
     from simulator import pools
     from simulator.plan_cli import STUDY_POOLS
     from simulator.study import anchor_rate, workload_pairs
@@ -175,7 +173,8 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
         records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
                                        ignore_eos=True, progress=False))
         wall = time.monotonic() - started
-        time.sleep(REPORT_INTERVAL_S * 2)  # the last forwards' report reaches the gateway
+        # the last forwards' report reaches the gateway (instances report at the default interval)
+        time.sleep(InstanceConfig().report_interval_s * 2)
         loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
     finally:
         cluster.stop()

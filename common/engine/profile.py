@@ -176,6 +176,16 @@ class _Bench:
         finally:
             release()
 
+    def multi_prompt_seconds(self, num_prompts: int, num_tokens: int, repeats: int) -> float:
+        """Seconds of one forward of `num_prompts` fresh prompts of `num_tokens` each."""
+        plans = [self.prefill_plan(num_tokens) for _ in range(num_prompts)]
+        plan = BatchPlan([chunk for p, _ in plans for chunk in p.chunks])
+        try:
+            return _timed(lambda: self.runner.execute(plan), repeats)
+        finally:
+            for _, free in plans:
+                free()
+
     def decode_seconds(self, batch: int, context: int, repeats: int) -> tuple[float, float]:
         """(greedy, sampled) seconds per decode step, on the same sequences."""
         plan, release = self.decode_plan(batch, context)
@@ -279,7 +289,7 @@ def run_profile(config: EngineConfig, options: ProfileOptions) -> dict:
     contexts = profile_shapes.profile_contexts(bench, options.max_decode_batch,
                                                runner.max_model_len, options.repeats, progress)
     multi = profile_shapes.profile_multi_prompt(bench, options.max_prefill_tokens,
-                                                options.repeats, progress, _timed)
+                                                options.repeats, progress)
     chunk_size = knee(sizes, [r["tokens_per_s"] for r in prefill])
     report = {
         "model": runner.resolved.name, "dtype": runner.dtype_name,

@@ -15,8 +15,6 @@ prompt, the model's context length).
 
 from __future__ import annotations
 
-from common.plan import BatchPlan
-
 # (batch, context): short, long and longer contexts than the decode curve's 256.
 DECODE_CONTEXT_ROWS = ((1, 64), (8, 64), (32, 64), (1, 1024), (8, 1024), (32, 1024),
                        (1, 2048), (8, 2048))
@@ -50,18 +48,11 @@ def profile_contexts(bench, max_batch: int, max_len: int, repeats: int, progress
     return rows
 
 
-def profile_multi_prompt(bench, max_prompt_tokens: int, repeats: int, progress,
-                         timed) -> list[dict]:
+def profile_multi_prompt(bench, max_prompt_tokens: int, repeats: int, progress) -> list[dict]:
     """Forwards of k fresh prompts of n tokens each, every prompt sampling its first token."""
     rows = []
     for k, n in multi_rows(max_prompt_tokens):
-        plans = [bench.prefill_plan(n) for _ in range(k)]
-        plan = BatchPlan([chunk for p, _ in plans for chunk in p.chunks])
-        try:
-            seconds = timed(lambda: bench.runner.execute(plan), repeats)
-        finally:
-            for _, free in plans:
-                free()
+        seconds = bench.multi_prompt_seconds(k, n, repeats)
         rows.append({"prompts": k, "tokens": n, "seconds": seconds})
         progress(f"{k} prompts of {n:4d} tokens in one forward: {seconds * 1e3:.1f} ms")
     return rows
