@@ -288,6 +288,9 @@ class InstanceConfig:
     # TBT SLO in seconds: the token budget becomes the largest forward the profile says fits it
     # (common.schedulers.costs.token_budget_for_tbt); None = engine.batch's budget as given.
     coupled_tbt_slo_s: float | None = None
+    # A directory for the forward log (common.engine.forward_log: each forward's shape and
+    # seconds, one JSON line); "" = off.
+    forward_log_dir: str = ""
 
     def __post_init__(self) -> None:
         _require(self.report_interval_s > 0, "report interval must be > 0")

@@ -67,11 +67,59 @@ class BatchPlan:
     def has_swaps(self) -> bool:
         return bool(self.swap_out or self.swap_in)
 
+    def shape(self) -> ForwardShape:
+        return ForwardShape.of(self)
+
     @property
     def is_empty(self) -> bool:
         # A plan of swaps alone still has work for the runner: skipping it would leave the
         # scheduler's block ownership out of step with the cache's contents.
         return not self.chunks and not self.has_swaps
+
+
+@dataclass(frozen=True)
+class ForwardShape:
+    """What a forward's cost depends on, without the token ids or block tables: the simulator's
+    cost model prices it (simulator.costs), and an instance's forward log records it beside the
+    measured seconds, so the model can be checked against the forwards the service really ran."""
+
+    tokens: int  # computed, padding included
+    rows: int  # chunks that sample a token
+    context: int  # sum of the chunks' cached tokens
+    pairs: int  # sum of cached x new tokens over the chunks
+    fresh: tuple[int, ...]  # token counts of the chunks with nothing cached (fresh prompts)
+    decodes: int  # one-token chunks after cached tokens
+    prompts: int  # every other chunk (a prompt chunk, fresh or continued)
+    swap_blocks: int = 0
+
+    @classmethod
+    def of(cls, plan: BatchPlan) -> ForwardShape:
+        tokens, rows, context, pairs, decodes = plan.num_padding_tokens, 0, 0, 0, 0
+        fresh = []
+        for chunk in plan.chunks:
+            n = len(chunk.token_ids)
+            tokens += n
+            rows += chunk.sampling is not None
+            if chunk.num_cached:
+                context += chunk.num_cached
+                pairs += chunk.num_cached * n
+            else:
+                fresh.append(n)
+            decodes += n == 1 and chunk.num_cached > 0
+        return cls(tokens, rows, context, pairs, tuple(fresh), decodes,
+                   len(plan.chunks) - decodes, len(plan.swap_out) + len(plan.swap_in))
+
+    @classmethod
+    def decode_step(cls, batch: int, context: int) -> ForwardShape:
+        """One decode step of `batch` sequences holding `context` cached tokens in all."""
+        return cls(batch, batch, context, context, (), batch, 0)
+
+    @property
+    def kind(self) -> str:
+        """decode (one-token steps only), prefill (prompt chunks only) or mixed."""
+        if not self.prompts:
+            return "decode"
+        return "mixed" if self.decodes else "prefill"
 
 
 @dataclass

@@ -148,6 +148,10 @@ def add_instance_args(parser: argparse.ArgumentParser) -> None:
                        help="emulated host swap bandwidth, bytes/s")
     group.add_argument("--heartbeat-ttl", type=float, default=2.0,
                        help="an instance silent this long is removed (with --redis)")
+    group.add_argument("--forward-log", default=None, metavar="DIR",
+                       help="each instance writes one JSON line per forward (its shape, "
+                            "seconds and loop turn) to DIR/<instance id>.jsonl: a diagnostic "
+                            "for the simulator's cost model (simulator.forward_check)")
     group.add_argument("--stall-timeout", type=float, default=120.0,
                        help="during a forward the last load report is repeated for at most "
                             "this long; a loop stuck longer goes silent and is declared dead")
@@ -187,7 +191,7 @@ def cluster_instance_config(args: argparse.Namespace) -> InstanceConfig:
         cluster_secret_file=args.cluster_secret_file,
         coupled_swap_blocks=args.swap_blocks, coupled_swap_bandwidth=args.swap_bandwidth,
         coupled_options=key_values(args.policy_option, "--policy-option"),
-        coupled_tbt_slo_s=args.tbt_slo,
+        coupled_tbt_slo_s=args.tbt_slo, forward_log_dir=args.forward_log or "",
         prefill=PrefillConfig(policy=args.prefill_policy, sched_batch=args.prefill_sched_batch,
                               chunk_size=args.chunk_size, pad_last_chunk=args.pad_chunks,
                               lease_timeout_s=args.lease_timeout,

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from common.config import BANDWIDTH_PRESETS, ConfigError
-from common.plan import BatchPlan
+from common.plan import BatchPlan, ForwardShape
 from common.schedulers.costs import IterationCosts
 
 KIND = "splitserve-simulator-costs"
@@ -135,32 +135,20 @@ class CostModel:
     def forward_s(self, plan: BatchPlan, block_size: int = 16) -> float:
         """The modelled seconds of one forward of `plan` (see the module docstring); swaps
         move whole blocks of `block_size` tokens."""
-        tokens, rows, context, pairs = plan.num_padding_tokens, 0, 0, 0
-        prompts = decodes = False
-        fresh = []  # token counts of the fresh prompts
-        for chunk in plan.chunks:
-            n = len(chunk.token_ids)
-            tokens += n
-            if chunk.sampling is not None:
-                rows += 1
-            if chunk.num_cached:
-                context += chunk.num_cached
-                pairs += chunk.num_cached * n
-            else:
-                fresh.append(n)
-            if n == 1 and chunk.num_cached:
-                decodes = True
-            else:
-                prompts = True
-        seconds = (self.base_s(tokens) + self.per_sampled_row_s * rows
-                   + self.per_context_token_s * context + self.per_context_pair_s * pairs)
-        if prompts and decodes:
+        return self.shape_s(ForwardShape.of(plan), block_size)
+
+    def shape_s(self, shape: ForwardShape, block_size: int = 16) -> float:
+        """`forward_s` of a forward of this shape (what an instance's forward log records)."""
+        seconds = (self.base_s(shape.tokens) + self.per_sampled_row_s * shape.rows
+                   + self.per_context_token_s * shape.context
+                   + self.per_context_pair_s * shape.pairs)
+        if shape.prompts and shape.decodes:
             seconds += self.per_mixed_forward_s
-        if len(fresh) > 1:
-            seconds += self.multi_prompt_extra_s(fresh)
-        if (plan.swap_out or plan.swap_in) and self.swap_bytes_per_s:
-            blocks = len(plan.swap_out) + len(plan.swap_in)
-            seconds += blocks * block_size * self.kv_bytes_per_token / self.swap_bytes_per_s
+        if len(shape.fresh) > 1:
+            seconds += self.multi_prompt_extra_s(list(shape.fresh))
+        if shape.swap_blocks and self.swap_bytes_per_s:
+            seconds += (shape.swap_blocks * block_size * self.kv_bytes_per_token
+                        / self.swap_bytes_per_s)
         return seconds
 
     def multi_prompt_extra_s(self, fresh: list[int]) -> float:

@@ -34,6 +34,7 @@ import zmq
 from common.block_pool import KVCacheManager
 from common.config import InstanceConfig
 from common.engine.control_link import make_link
+from common.engine.forward_log import ForwardLog
 from common.engine.metrics import InstanceMetrics, serve_http
 from common.engine.model_runner import ModelRunner
 from common.engine.role import Role, RoleContext
@@ -90,9 +91,12 @@ class InstanceWorker:
         self.running = True
         self.busy_seconds = 0.0
         # Turns that ran a forward: how many, and their wall time from the inbox read on (the
-        # forward plus the loop's own work around it: messages, scheduling, streaming, reports)
+        # forward plus the loop's own work around it: messages, scheduling, streaming, reports;
+        # the read itself too unless the loop waited in it for work)
         self.num_forwards = 0
         self.forward_turn_seconds = 0.0
+        self.forward_log = (ForwardLog(config.forward_log_dir, self.instance_id)
+                            if config.forward_log_dir else None)
         self.computed_tokens = 0
         self.integrity_violations = 0
         self.requests_seen: dict[str, int] = {}  # gateway inbox -> GenerateRequests received
@@ -117,8 +121,10 @@ class InstanceWorker:
 
     def _turn(self) -> None:
         wait = 0.0 if self.role.has_work else self.role.wait_s
-        messages = self.inbox.receive(wait) + self.link.receive()
         started = time.perf_counter()
+        messages = self.inbox.receive(wait) + self.link.receive()
+        if wait:  # waiting for work is idle time; reading the inbox between forwards is not
+            started = time.perf_counter()
         for message in messages:
             if isinstance(message, Shutdown):
                 self.running = False
@@ -147,8 +153,11 @@ class InstanceWorker:
         self.metrics.last_turn = time.monotonic()
         self._flush_tokens()
         if not plan.is_empty:  # after the flush: sending the tokens is part of the turn's work
+            turn = time.perf_counter() - started
             self.num_forwards += 1
-            self.forward_turn_seconds += time.perf_counter() - started
+            self.forward_turn_seconds += turn
+            if self.forward_log is not None:
+                self.forward_log.record(plan, output.forward_seconds, turn)
 
     def _start_flip(self, command: FlipCommand) -> None:
         if (command.target_role == self.role.name or self._pending_flip is not None
@@ -192,6 +201,8 @@ class InstanceWorker:
                             (self.ctx.kv.stats, self.ctx.kv.pool.num_cached_blocks))
         self.link.report(stats)
         self._publish_kv_events()
+        if self.forward_log is not None:
+            self.forward_log.flush()
 
     def _publish_kv_events(self) -> None:
         """What the prefix cache stored and evicted since the last report, for cache-aware
@@ -238,6 +249,8 @@ class InstanceWorker:
             self.http.shutdown()
         self.link.close()
         self.transfer.close()
+        if self.forward_log is not None:
+            self.forward_log.close()
         self.inbox.close()
         self.outbox.close()
         stop_guard(self.zmq)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from common.engine import worker as worker_module
 from common.engine.worker import InstanceWorker
 from common.protocol import GenerateRequest
@@ -21,13 +23,15 @@ def make_worker(events: list[str], messages: list, plan_empty: bool = False) -> 
         has_work=True, wait_s=0.01, handle=lambda m: events.append(f"handle {m}"),
         admit_compiled=lambda: None, poll=lambda: events.append("poll"),
         schedule=lambda: (events.append("schedule"),
-                          SimpleNamespace(is_empty=plan_empty, chunks=[]))[1],
+                          SimpleNamespace(is_empty=plan_empty, chunks=[], num_padding_tokens=0,
+                                          swap_out=[], swap_in=[]))[1],
         update_from_output=lambda plan, output: events.append("update"))
     worker.runner = SimpleNamespace(execute=lambda plan: (
         events.append("forward"), SimpleNamespace(forward_seconds=5.0))[1])
     worker.metrics = SimpleNamespace(count=lambda *a: None, last_turn=0.0)
     worker.busy_seconds, worker.computed_tokens = 0.0, 0
     worker.num_forwards, worker.forward_turn_seconds = 0, 0.0
+    worker.forward_log = None
     worker._pending_flip = None
     worker._next_report = 0.0  # a report is due
     worker._flush_tokens = lambda: events.append("flush")
@@ -71,3 +75,36 @@ def test_requests_received_are_counted_per_gateway_before_the_report():
     worker._report = lambda: seen_at_report.append(dict(worker.requests_seen))
     worker._turn()
     assert seen_at_report == [{"tcp://g1:1": 2, "tcp://g2:1": 1}]
+
+
+def test_the_inbox_read_counts_as_the_turns_work_unless_the_loop_waited_there_for_work():
+    """forward_turn_seconds: reading the inbox between forwards is the loop's own work (the
+    simulator's turn overhead); waiting there for work is idle time."""
+    import time as real_time
+
+    def slow_read(wait: float) -> list:
+        real_time.sleep(0.05)
+        return []
+
+    busy = make_worker([], [])
+    busy.inbox = SimpleNamespace(receive=slow_read)
+    busy._turn()
+    assert busy.forward_turn_seconds >= 0.05
+    idle = make_worker([], [])
+    idle.inbox = SimpleNamespace(receive=slow_read)
+    idle.role.has_work = False  # the loop waits up to wait_s in the read
+    idle._turn()
+    assert idle.num_forwards == 1 and idle.forward_turn_seconds < 0.05
+
+
+def test_a_forward_log_gets_one_line_per_forward(tmp_path):
+    from common.engine.forward_log import ForwardLog, read
+
+    worker = make_worker([], [])
+    worker.forward_log = ForwardLog(str(tmp_path), "coupled-0")
+    worker._turn()
+    worker.forward_log.close()
+    lines = read(tmp_path / "coupled-0.jsonl")
+    assert len(lines) == 1 and lines[0]["forward_s"] == 5.0  # the fake forward's seconds
+    assert lines[0]["turn_s"] == pytest.approx(worker.forward_turn_seconds)
+    assert lines[0]["shape"].tokens == 0  # the fake plan has no chunks
