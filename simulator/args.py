@@ -46,6 +46,10 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
                      help="an instance loop's own work per forward, beside the forward "
                           "(real instances report it: GET /cluster forward_turn_seconds - "
                           "busy_seconds over num_forwards)")
+    sim.add_argument("--request-latency", type=float, default=0.0, metavar="SECONDS",
+                     help="the serving stack's own latency per request beyond the forwards "
+                          "(HTTP, tokenization, routing, the first token's way back; "
+                          "simulator.request_path measures it)")
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",

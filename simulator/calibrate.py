@@ -10,12 +10,28 @@ TTFT, TPOT and JCT closest to the real ones (least squares on their log ratios o
 k). The validation cases then run with the scaled model and report k beside their errors. On a
 GPU host the serving processes run on CPU cores the forwards do not use, so k near 1 is
 expected there; a k far from 1 says the profile does not describe the deployment.
+
+`from_forwards` measures the same thing without fitting anything to the latencies: the held-out
+run's forward log (`common.engine.forward_log`) holds each forward's shape and measured seconds,
+so k is measured seconds over the model's seconds for the same shapes, and the instance loop's
+own work per forward (its turns less its forwards) is read off the same lines, and the request
+path's latency from the probes before its load (`simulator.request_path`); the simulation then
+charges all three (`CostModel.scaled`, `Layout.turn_overhead_s`, `Layout.request_latency_s`). `calibrate_case` runs the
+held-out case for either mode (`python -m simulator.validate --calibration-seed N
+--calibration forwards|latencies`). `own_speed` applies `from_forwards` to a case's own run
+instead (not held out): a diagnostic of what the simulated loop gets wrong once the speed the
+machine actually ran at is known.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from simulator.costs import CostModel
 
 # the metrics k is fitted to (paths in bench's summary)
 CALIBRATION_METRICS = (("ttft_s", "mean"), ("tpot_s", "mean"), ("jct_s", "mean"))
@@ -40,3 +56,86 @@ def fit_factor(real: dict, simulate_at: Callable[[float], dict],
     tried = [{"factor": k, "mismatch": mismatch(real, simulate_at(k))} for k in grid]
     best = min(tried, key=lambda row: row["mismatch"])
     return best["factor"], tried
+
+
+def from_forwards(lines: list[dict], costs: CostModel) -> dict:
+    """k = measured / modelled seconds over a forward log's lines (each priced at its own
+    shape), and the loop's mean seconds per forward beyond the forward."""
+    if not lines:
+        raise ValueError("the held-out run's forward log has no forward in its load window")
+    measured = sum(line["forward_s"] for line in lines)
+    modelled = sum(costs.shape_s(line["shape"]) for line in lines)
+    overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
+    return {"factor": measured / modelled, "turn_overhead_s": overhead, "forwards": len(lines),
+            "measured_s": measured, "modelled_s": modelled}
+
+
+def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
+                   mode: str = "forwards", real_from: Path | None = None) -> dict:
+    """The held-out run of `case` (a seed the validation does not use) for real once (or its
+    earlier run in `real_from`), then `from_forwards` on its forward log, or (mode
+    "latencies") `fit_factor` on its summary; written as calibration-<case>.json."""
+    from simulator import validate as v
+    from simulator.forward_check import forward_classes
+
+    costs, profile = v.profile_for(profiles, v.LAYOUTS[case.layout][1])
+    rate = v.case_rate(case, costs)
+    requests, arrivals = v.bench_requests(case, num, rate)
+    earlier = real_from / f"calibration-{case.name}.json" if real_from else None
+    real = (json.loads(earlier.read_text())["real"] if earlier and earlier.is_file()
+            else v.real_run(case, requests, arrivals, cache_dir, out / "logs"))
+    result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
+              "turn_overhead_s": 0.0}
+    if mode == "forwards":
+        result.update(from_forwards(read_window(real), costs),
+                      request_latency_s=path_latency(real))
+    elif mode == "latencies":
+        result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
+            case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
+    else:
+        raise ValueError(f"unknown calibration mode {mode!r}: forwards or latencies")
+    fitted = v.simulated_run(case, requests, arrivals, costs.scaled(result["factor"]), cache_dir,
+                             result["turn_overhead_s"], result.get("request_latency_s") or 0.0)
+    result["errors_at_factor"] = v.errors(real["summary"], fitted["summary"])
+    result["forward_classes"] = forward_classes(real, fitted.pop("forwards"), costs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"calibration-{case.name}.json").write_text(
+        json.dumps({**result, "real": real}, indent=1, default=str) + "\n")
+    return result
+
+
+def own_speed(case, requests: list, arrivals: list[float], real: dict, costs: CostModel,
+              cache_dir: str) -> dict | None:
+    """The case simulated again at the forward speed its own real run had (`from_forwards` on
+    its own log: not held out, a diagnostic): what is left of the error once the machine's
+    speed during the run is known is the simulated loop's, not the cost model's. None without
+    a forward log."""
+    from simulator import validate as v
+
+    if not real.get("load_window") or not Path(real.get("forward_log") or "").is_dir():
+        return None
+    speed = from_forwards(read_window(real), costs)
+    speed["request_latency_s"] = path_latency(real)
+    replay = v.simulated_run(case, requests, arrivals, costs.scaled(speed["factor"]), cache_dir,
+                             speed["turn_overhead_s"], speed["request_latency_s"] or 0.0)
+    return {**speed, "errors": v.errors(real["summary"], replay["summary"])}
+
+
+def path_latency(real: dict) -> float | None:
+    """simulator.request_path.latency of a real run (None when it had no probe)."""
+    from common.engine.forward_log import read
+    from simulator.request_path import latency
+
+    probe = real.get("path_probe")
+    if not probe:
+        return None
+    return latency(probe, [line for path in sorted(Path(real["forward_log"]).glob("*.jsonl"))
+                           for line in read(path, *probe["window"])])
+
+
+def read_window(real: dict) -> list[dict]:
+    """The lines of a real run's forward logs (one per instance) within its load's window."""
+    from common.engine.forward_log import read
+
+    return [line for path in sorted(Path(real["forward_log"]).glob("*.jsonl"))
+            for line in read(path, *real["load_window"])]

@@ -68,7 +68,7 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
     return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
                   instance=instance, gateway=gateway, link=args.link,
                   message_latency_s=args.message_latency, flip_switch_s=args.flip_switch,
-                  turn_overhead_s=args.turn_overhead,
+                  turn_overhead_s=args.turn_overhead, request_latency_s=args.request_latency,
                   steady_decode=not getattr(args, "plan_every_forward", False))
 
 

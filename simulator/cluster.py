@@ -50,6 +50,9 @@ class Layout:
     # model's default link
     link: str | None = None
     message_latency_s: float = 0.0  # control messages (requests, offers, acks, views)
+    # The serving stack's own latency per request beyond the forwards (HTTP, tokenization,
+    # routing, the first token's way back: simulator.request_path), charged on its way in
+    request_latency_s: float = 0.0
     flip_switch_s: float = 0.01  # a drained instance's role switch (no model reload)
     # An instance loop's own work per forward (messages, scheduling, streaming, reports), after
     # each forward and before its tokens count; 0: the loop costs nothing beside the forwards
@@ -59,12 +62,15 @@ class Layout:
     # result, several times faster; False plans every forward with the scheduler.
     steady_decode: bool = True
     leap_steps: int = 64  # at most this many steady forwards planned at once (1: one at a time)
+    # Keep each forward's shape and seconds (SimInstance.forwards), as a real instance's forward
+    # log does (simulator.forward_check compares the two)
+    record_forwards: bool = False
 
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
-        if self.turn_overhead_s < 0:
-            raise ConfigError("the turn overhead must be >= 0")
+        if min(self.turn_overhead_s, self.request_latency_s, self.message_latency_s) < 0:
+            raise ConfigError("the turn overhead and the latencies must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
         if self.leap_steps < 1:
@@ -202,8 +208,10 @@ class SimCluster:
 
     def send(self, instance_id: str, kind: str, payload) -> None:
         target = self.instances[instance_id]
-        if self.layout.message_latency_s > 0:
-            self.loop.after(self.layout.message_latency_s, target.deliver, kind, payload)
+        delay = self.layout.message_latency_s + (self.layout.request_latency_s
+                                                 if kind == "generate" else 0.0)
+        if delay > 0:
+            self.loop.after(delay, target.deliver, kind, payload)
         else:
             target.deliver(kind, payload)
 

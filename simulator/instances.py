@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from common.block_pool import KVCacheManager
 from common.config import InstanceConfig
-from common.plan import BatchPlan, ModelOutput
+from common.plan import BatchPlan, ForwardShape, ModelOutput
 from common.protocol import InstanceStats
 from simulator import steady
 from simulator.roles import ROLES, SimRole
@@ -44,6 +44,9 @@ class SimInstance:
         self.computed_tokens = 0
         self.requests_seen = 0  # "generate" messages handled (the worker's requests_seen)
         self.num_forwards = 0
+        # (shape, seconds) of each forward, with Layout.record_forwards
+        self.forwards: list[tuple[ForwardShape, float]] | None = (
+            [] if cluster.layout.record_forwards else None)
         self.flip_target = ""  # draining for a flip to this role
         self.link_free_at = 0.0  # when the KV link into this instance is free again
         self.role: SimRole = ROLES[role](self)
@@ -90,6 +93,8 @@ class SimInstance:
         self.busy_seconds += seconds
         self.computed_tokens += plan.num_tokens - plan.num_padding_tokens
         self.num_forwards += 1
+        if self.forwards is not None:
+            self.forwards.append((plan.shape(), seconds))
         self.role.absorb(plan, self.sampled(plan))
         self.turn()
 

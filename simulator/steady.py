@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from common.plan import ForwardShape
 from common.sequence import Sequence, SequenceStatus
 from decode_instance.admission import migrate
 from decode_instance.scheduler import DecodeScheduler
@@ -156,7 +157,8 @@ class Leap:
             if predicted:
                 self.ends.setdefault(f, []).append(seq.seq_id)
         self.num_steps = self._fits(batch, finish, steps)
-        self.times, self.seconds = self._timeline(batch, finish, context, inst.loop.now)
+        self.times, self.seconds, self.contexts = self._timeline(batch, finish, context,
+                                                                 inst.loop.now)
         self.done = 0  # forwards absorbed so far
         self.ticket = 0  # which scheduled end event is the live one
 
@@ -184,16 +186,17 @@ class Leap:
         for f in finish:
             counts[f] = counts.get(f, 0) + 1
         active, tokens = len(batch), context + len(batch)  # tokens: sum of num_tokens
-        times, seconds, clock = [], [], now
+        times, seconds, contexts, clock = [], [], [], now
         overhead = self.inst.cluster.layout.turn_overhead_s  # the loop's own work per forward
         for j in range(1, self.num_steps + 1):
-            dt = self.inst.costs.decode_s(active, tokens - active + (j - 1) * active)
+            contexts.append(tokens - active + (j - 1) * active)
+            dt = self.inst.costs.decode_s(active, contexts[-1])
             clock += dt + overhead
             times.append(clock)
             seconds.append(dt)
             active -= counts.get(j, 0)
             tokens -= ending.get(j, 0)
-        return times, seconds
+        return times, seconds, contexts
 
     @property
     def end(self) -> float:
@@ -210,6 +213,10 @@ class Leap:
             inst.busy_seconds += self.seconds[step]
             inst.computed_tokens += len(self.batch)
             inst.num_forwards += 1
+            if inst.forwards is not None:
+                inst.forwards.append((ForwardShape.decode_step(len(self.batch),
+                                                               self.contexts[step]),
+                                      self.seconds[step]))
             finished, grows = absorb_step(self.role, self.batch, self.times[step])
             self.done += 1
             if self.ends and [s.seq_id for s in finished] != self.ends.get(self.done, []):

@@ -36,8 +36,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
+from simulator.calibrate import calibrate_case, own_speed
 from simulator.costs import CostModel
+from simulator import request_path
 from simulator.fit import fit_profile
+from simulator.forward_check import forward_classes
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs/benchmarks/simulator_validation"
@@ -160,7 +163,9 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
     from bench.cluster import ClusterProcess
     from bench.metrics import run_duration, summarize
 
-    args = [*flags, "--threads-per-instance", str(threads), "--cache-dir", cache_dir]
+    forward_log = log_dir / f"{name}-forwards"  # each instance's forward log (a diagnostic)
+    args = [*flags, "--threads-per-instance", str(threads), "--cache-dir", cache_dir,
+            "--forward-log", str(forward_log)]
     before = uptime()
     cluster = ClusterProcess(args, log_dir / f"{name}.log")
     try:
@@ -168,11 +173,13 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
         warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
         asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
                              progress=False))
+        path_probe = request_path.probe(cluster.url, model, requests[0], WARM_UP_PROMPT)
         loop_before = loop_counters(cluster.cluster())
-        started = time.monotonic()
+        started, window = time.monotonic(), [time.time()]
         records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
                                        ignore_eos=True, progress=False))
         wall = time.monotonic() - started
+        window.append(time.time())
         # the last forwards' report reaches the gateway (instances report at the default interval)
         time.sleep(InstanceConfig().report_interval_s * 2)
         loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
@@ -182,7 +189,9 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
     per_request = [{"ttft_s": r.ttft, "jct_s": r.jct, "output_tokens": r.output_tokens,
                     "error": r.error} for r in records]
     return {"up_args": args, "summary": summary, "wall_s": wall, "per_request": per_request,
-            **loop, "uptime_before": before, "uptime_after": uptime()}, records
+            **loop, "forward_log": str(forward_log), "load_window": window,
+            "path_probe": path_probe,
+            "uptime_before": before, "uptime_after": uptime()}, records
 
 
 LOOP_COUNTERS = {"busy_s": "busy_seconds", "num_forwards": "num_forwards",
@@ -218,19 +227,22 @@ def forward_time(real: dict, simulated: dict) -> dict:
 
 
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
-                  cache_dir: str, turn_overhead_s: float = 0.0) -> dict:
+                  cache_dir: str, turn_overhead_s: float = 0.0,
+                  request_latency_s: float = 0.0) -> dict:
     """The same flags through `splitserve simulate`'s parser, the same requests."""
     from simulator.run import report, run_cluster
     from simulator.workload import from_bench
 
     layout = replace(flags_layout(list(LAYOUTS[case.layout][0]), cache_dir),
-                     turn_overhead_s=turn_overhead_s)
+                     turn_overhead_s=turn_overhead_s, request_latency_s=request_latency_s,
+                     record_forwards=True)
     cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
     traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
     per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
                     "jct_s": t.finish - t.request.arrival_s, "output_tokens": len(t.token_times),
                     "error": t.error} for t in traces]
-    return {"summary": report(cluster, wall, cpu), "per_request": per_request}
+    return {"summary": report(cluster, wall, cpu), "per_request": per_request,
+            "forwards": [f for i in cluster.instances.values() for f in i.forwards]}
 
 
 def flags_layout(flags: list[str], cache_dir: str):
@@ -284,16 +296,19 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
     with `real_from`, the real side is that directory's run of the case, if it has one, and
     with `rate_from_real` its rate too (another cost model puts the capacity elsewhere);
-    `turn_overhead` seconds per forward, or "measured": the real run's own."""
+    `turn_overhead` seconds per forward, "measured" (the real run's own) or "held-out" (the
+    forwards calibration's)."""
     measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
     rate = (rate_from_real and earlier_rate(case, real_from)) or case_rate(case, measured)
     costs = measured.scaled(calibration["factor"]) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
         case, requests, arrivals, cache_dir, out / "logs")
-    overhead = (measured_overhead(real) or 0.0) if turn_overhead == "measured" \
-        else float(turn_overhead)
-    simulated = simulated_run(case, requests, arrivals, costs, cache_dir, overhead)
+    overhead = {"measured": lambda: measured_overhead(real) or 0.0,
+                "held-out": lambda: (calibration or {}).get("turn_overhead_s", 0.0)}.get(
+                    turn_overhead, lambda: float(turn_overhead))()
+    simulated = simulated_run(case, requests, arrivals, costs, cache_dir, overhead,
+                              (calibration or {}).get("request_latency_s") or 0.0)
     if calibration is not None:  # what the profile alone gave, beside the calibrated errors
         calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (
             simulated_run(case, requests, arrivals, measured, cache_dir)["summary"]))}
@@ -302,34 +317,13 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
                   k: v for k, v in calibration.items() if k != "tried"},
               "errors": errors(real["summary"], simulated["summary"]),
               "forward_time": forward_time(real, simulated), "turn_overhead_s": overhead,
+              "forward_classes": forward_classes(real, simulated.pop("forwards"), measured),
+              "own_speed": own_speed(case, requests, arrivals, real, measured, cache_dir),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{case.name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    return result
-
-
-def calibrate_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
-                   out: Path) -> dict:
-    """simulator.calibrate on `case` (a held-out seed): the real run once, then the forward
-    scale that fits it; written as calibration-<case>.json."""
-    from simulator.calibrate import fit_factor
-
-    costs, profile = profile_for(profiles, LAYOUTS[case.layout][1])
-    rate = case_rate(case, costs)
-    requests, arrivals = bench_requests(case, num, rate)
-    real = real_run(case, requests, arrivals, cache_dir, out / "logs")
-    factor, tried = fit_factor(real["summary"], lambda k: simulated_run(
-        case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
-    fitted = simulated_run(case, requests, arrivals, costs.scaled(factor), cache_dir)
-    result = {"case": asdict(case), "factor": factor, "rate": rate, "profile": profile,
-              "errors_at_factor": errors(real["summary"], fitted["summary"]),
-              "uptime_before": real["uptime_before"], "uptime_after": real["uptime_after"],
-              "tried": tried}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"calibration-{case.name}.json").write_text(
-        json.dumps({**result, "real": real}, indent=1, default=str) + "\n")
     return result
 
 
@@ -348,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="before the cases, run each chosen layout/workload/rate once at "
                              "this (held-out) seed and scale the cost model to fit it "
                              "(simulator.calibrate)")
+    parser.add_argument("--calibration", choices=("forwards", "latencies"), default="forwards",
+                        help="with --calibration-seed: 'forwards' measures k (and the loop's "
+                             "own seconds per forward) from the held-out run's forward log; "
+                             "'latencies' fits k to its mean TTFT, TPOT and JCT")
     parser.add_argument("--real-from", type=Path, default=None, metavar="DIR",
                         help="take a case's real run from DIR/<case>.json when there (e.g. to "
                              "simulate it again calibrated) instead of running it again")
@@ -355,10 +353,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --real-from: each case at its earlier run's rate (the same "
                              "run under another cost model, whose capacity, and so whose case "
                              "rate, differs)")
-    parser.add_argument("--turn-overhead", default="0", metavar="SECONDS|measured",
+    parser.add_argument("--turn-overhead", default=None, metavar="SECONDS|measured|held-out",
                         help="the simulated instance loop's own seconds per forward; "
                              "'measured': each case's real run's (its turns less its forwards, "
-                             "GET /cluster), not fitted")
+                             "GET /cluster), not fitted; 'held-out': the forwards calibration's "
+                             "(default with --calibration forwards, else 0)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
@@ -366,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
 
     profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
     calibrations: dict[tuple, dict] = {}
+    turn_overhead = args.turn_overhead or ("held-out" if args.calibration_seed is not None
+                                           and args.calibration == "forwards" else "0")
     for case in select(args.cases):
         if args.dry_run:
             costs, _ = profile_for(profiles, LAYOUTS[case.layout][1])
@@ -377,12 +378,13 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"the calibration seed must not be a case seed {SEEDS}")
             calibrations[key] = calibrate_case(Case(*key, args.calibration_seed),
                                                args.num_requests, profiles, args.cache_dir,
-                                               args.out)
-            print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.2f} "
+                                               args.out, args.calibration, args.real_from)
+            print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.3f}, "
+                  f"{calibrations[key]['turn_overhead_s'] * 1e3:.2f} ms loop work per forward "
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
                                            args.out, calibrations.get(key), args.real_from,
-                                           args.rate_from_real, args.turn_overhead)),
+                                           args.rate_from_real, turn_overhead)),
               flush=True)
     return 0
 

@@ -5,7 +5,11 @@ and the lines `simulator.validate` prints for each case.
 
 One row per case file (<case>.json; calibration files are skipped) of each directory, in
 directory order: the relative error (simulated - real) / real of each metric against its target,
-marked * where it misses, and the forward-seconds diagnostic where the real run recorded it.
+marked * where it misses, and two diagnostics where the real run recorded them: forward
+seconds (simulated against real) and real/model (the real run's forwards, measured against the
+cost model's price for the same shapes; from its forward log). A case calibrated on a held-out
+run gives two rows: the profile alone, then with the calibration (k, the loop's own work);
+a case with a forward log one more: replayed at its own run's forward speed (not held out).
 """
 
 from __future__ import annotations
@@ -50,21 +54,41 @@ def cell(error: dict) -> str:
     return f"{value:+.1%}" + ("" if error["within_target"] else " *")
 
 
-def row(label: str, result: dict) -> list[str]:
+def row(label: str, result: dict, errors: dict | None = None) -> list[str]:
+    """One table row; `errors` instead of the case's own (its uncalibrated ones)."""
     busy = (result.get("forward_time") or {}).get("relative_error")
+    priced = ((result.get("forward_classes") or {}).get("all") or {}).get("real_over_model")
     return [label, f"{result['rate']:.2f}",
-            *[cell(result["errors"][name]) for name in METRICS],
-            "-" if busy is None else f"{busy:+.1%}"]
+            *[cell((errors or result["errors"])[name]) for name in METRICS],
+            "-" if busy is None else f"{busy:+.1%}",
+            "-" if priced is None else f"{priced:.3f}"]
+
+
+def rows(label: str, result: dict) -> list[list[str]]:
+    """The case's row; a calibrated case's two (the profile alone, then calibrated: k, loop
+    work); then the replay at the run's own forward speed, where it has one."""
+    calibration, own = result.get("calibration"), result.get("own_speed")
+    lines = [row(label, result)]
+    if calibration:
+        held_out = (f"k {calibration['factor']:.3f}, "
+                    f"{result.get('turn_overhead_s', 0.0) * 1e3:.2f} ms/forward")
+        lines = [row(f"{label}, profile alone", result, calibration["errors_uncalibrated"]),
+                 row(f"{label}, held-out {held_out}", result)]
+    if own:
+        lines.append(row(f"{label}, own run's k {own['factor']:.3f}, "
+                         f"{own['turn_overhead_s'] * 1e3:.2f} ms/forward", result, own["errors"]))
+    return lines
 
 
 def table(directories: list[Path]) -> str:
-    header = ["case", "req/s", *[HEADERS[name] for name in METRICS], "forward s"]
+    header = ["case", "req/s", *[HEADERS[name] for name in METRICS], "forward s",
+              "real/model"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for directory in directories:
         for path in case_files(directory):
             result = json.loads(path.read_text())
             label = f"{path.stem} ({directory.name})" if len(directories) > 1 else path.stem
-            lines.append("| " + " | ".join(row(label, result)) + " |")
+            lines += ["| " + " | ".join(cells) + " |" for cells in rows(label, result)]
     return "\n".join(lines)
 
 

@@ -68,3 +68,14 @@ def test_the_report_carries_the_bench_metrics_of_that_request():
     assert report["goodput"]["num_met"] == 0
     relaxed = simulate(layout(), COSTS, one(100, 5), slo=Slo(tbt_s=0.2))
     assert relaxed["goodput"]["num_met"] == 1 and relaxed["goodput"]["fraction"] == 1.0
+
+
+@pytest.mark.parametrize("make", [layout, lambda: coupled("vllm")])
+def test_the_request_latency_delays_every_token_of_a_lone_request_by_itself(make):
+    """Layout.request_latency_s (simulator.request_path): the stack's own latency per request
+    shifts a lone request's TTFT and JCT by exactly that much and nothing else."""
+    from dataclasses import replace
+    plain = trace_of(make(), one(100, 5))
+    delayed = trace_of(replace(make(), request_latency_s=0.025), one(100, 5))
+    assert [t - 0.025 for t in delayed.token_times] == pytest.approx(plain.token_times)
+    assert delayed.finish - 0.025 == pytest.approx(plain.finish)

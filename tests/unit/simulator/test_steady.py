@@ -129,3 +129,22 @@ def test_steady_only_where_the_plan_can_only_be_one_token_each():
     over_budget = _scheduler()
     over_budget.batch = BatchConfig(max_num_seqs=8, max_num_batched_tokens=1)
     assert steady_batch(over_budget) is None
+
+
+@pytest.mark.parametrize("name", ["1P2D", "memory pressure (swap)", "flips"])
+def test_recorded_forwards_are_the_same_with_the_fast_path_and_add_up_to_the_counters(name):
+    """Layout.record_forwards: a leap records each of its forwards as the planned loop does (the
+    shape forward_check prices and classes), and the records add up to the busy counters."""
+    lay = replace(CASES[name], record_forwards=True)
+    fast, slow = run(lay, True), run(lay, False)
+    for cluster in (fast, slow):
+        for inst in cluster.instances.values():
+            assert len(inst.forwards) == inst.num_forwards
+            assert sum(s for _, s in inst.forwards) == pytest.approx(inst.busy_seconds)
+            # each forward's recorded seconds are what the cost model says for its shape
+            assert all(s == pytest.approx(COSTS.shape_s(shape)) for shape, s in inst.forwards
+                       if not shape.swap_blocks)
+    assert {k: i.forwards for k, i in fast.instances.items()} == \
+        {k: i.forwards for k, i in slow.instances.items()}
+    assert any(shape.kind == "decode" and shape.decodes > 1
+               for i in fast.instances.values() for shape, _ in i.forwards)

@@ -152,5 +152,28 @@ def test_the_validation_table_marks_misses_and_skips_calibration_files(tmp_path)
     lines = table([tmp_path]).splitlines()
     assert len(lines) == 4 and lines[0].startswith("| case | req/s | TTFT mean")
     assert lines[2].startswith("| vllm-LPLD-low-s0 | 0.64 | +2.0% | +0.0% | - |")
-    assert lines[2].endswith("| -3.1% |")
-    assert "+50.0% *" in lines[3] and lines[3].endswith("| - |")
+    assert lines[2].endswith("| -3.1% | - |")
+    assert "+50.0% *" in lines[3] and lines[3].endswith("| - | - |")
+
+
+def test_a_calibrated_case_shows_the_profile_alone_beside_the_calibration(tmp_path):
+    from simulator.validation_table import table
+
+    result = {"rate": 2.5, "turn_overhead_s": 0.0008,
+              "errors": errors({"jct_s": {"mean": 1.0}}, {"jct_s": {"mean": 0.97}}),
+              "forward_classes": {"all": {"real_over_model": 1.0712}},
+              "calibration": {"factor": 1.1, "errors_uncalibrated": errors(
+                  {"jct_s": {"mean": 1.0}}, {"jct_s": {"mean": 0.8}})}}
+    (tmp_path / "sarathi-LPLD-low-s0.json").write_text(json.dumps(result))
+    lines = table([tmp_path]).splitlines()
+    assert lines[0].endswith("| forward s | real/model |")
+    alone, calibrated = lines[2], lines[3]
+    assert alone.startswith("| sarathi-LPLD-low-s0, profile alone |") and "-20.0% *" in alone
+    assert calibrated.startswith("| sarathi-LPLD-low-s0, held-out k 1.100, 0.80 ms/forward |")
+    assert "-3.0% |" in calibrated and calibrated.endswith("| 1.071 |")
+    result["own_speed"] = {"factor": 1.0712, "turn_overhead_s": 0.0009, "errors": errors(
+        {"jct_s": {"mean": 1.0}}, {"jct_s": {"mean": 1.01}})}
+    (tmp_path / "sarathi-LPLD-low-s0.json").write_text(json.dumps(result))
+    own = table([tmp_path]).splitlines()[4]
+    assert own.startswith("| sarathi-LPLD-low-s0, own run's k 1.071, 0.90 ms/forward |")
+    assert "+1.0% |" in own

@@ -1,0 +1,135 @@
+"""The cost model against the forwards a service really ran: an instance's forward log
+(`common.engine.forward_log`, `splitserve up --forward-log DIR`) holds each forward's shape and
+measured seconds; the model prices the same shapes. Grouped by class (decode steps by batch,
+prompt-carrying forwards by tokens), it separates two causes of a simulation that is off:
+the model mispricing forwards (real / model seconds far from 1 in a class), and the simulated
+loop arranging the work differently (other class counts than the real run's).
+
+    python -m simulator.forward_check LOG.jsonl [LOG.jsonl...] --profile profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from common.plan import ForwardShape
+from simulator.costs import CostModel
+
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)  # lower bounds of the decode classes
+PROMPT_TOKENS = (1, 33, 129, 513)  # lower bounds of the prefill and mixed classes
+
+
+def _bucket(value: int, bounds: tuple[int, ...]) -> str:
+    i = max(j for j, b in enumerate(bounds) if value >= b or j == 0)
+    upper = bounds[i + 1] - 1 if i + 1 < len(bounds) else None
+    low = bounds[i]
+    return f"{low}" if upper == low else f"{low}-{upper}" if upper else f"{low}+"
+
+
+def forward_class(shape: ForwardShape) -> str:
+    """decode b1, decode b2-3, ... (sequences stepped); prefill/mixed t1-32, ... (tokens)."""
+    if shape.kind == "decode":
+        return f"decode b{_bucket(shape.decodes, DECODE_BATCHES)}"
+    return f"{shape.kind} t{_bucket(shape.tokens, PROMPT_TOKENS)}"
+
+
+def _order(name: str) -> tuple:
+    kind, size = name.split(" ")
+    return ("decode", "prefill", "mixed").index(kind), int(size[1:].split("-")[0].rstrip("+"))
+
+
+def classes(real: list[dict], simulated: list[tuple[ForwardShape, float]],
+            costs: CostModel) -> dict[str, dict]:
+    """Per class: the real forwards (count, measured seconds, the model's seconds for the same
+    shapes, their ratio, mean rows and context per forward) and the simulated ones (count,
+    seconds)."""
+    table: dict[str, dict] = {}
+
+    def row(name: str) -> dict:
+        return table.setdefault(name, {"real_forwards": 0, "real_s": 0.0, "model_on_real_s": 0.0,
+                                       "real_rows": 0, "real_context": 0,
+                                       "simulated_forwards": 0, "simulated_s": 0.0})
+    for line in real:
+        shape = line["shape"]
+        r = row(forward_class(shape))
+        r["real_forwards"] += 1
+        r["real_s"] += line["forward_s"]
+        r["model_on_real_s"] += costs.shape_s(shape)
+        r["real_rows"] += shape.rows
+        r["real_context"] += shape.context
+    for shape, seconds in simulated:
+        r = row(forward_class(shape))
+        r["simulated_forwards"] += 1
+        r["simulated_s"] += seconds
+    for r in table.values():
+        r["real_over_model"] = r["real_s"] / r["model_on_real_s"] if r["model_on_real_s"] else None
+    return {name: table[name] for name in sorted(table, key=_order)}
+
+
+def forward_classes(real: dict, simulated: list[tuple[ForwardShape, float]],
+                    costs: CostModel) -> dict | None:
+    """`classes` for a validation case: the real run's forward log lines within its load's
+    window, beside the simulated forwards; None for a run recorded without a log (or whose log
+    is gone: logs stay out of git)."""
+    from simulator.calibrate import read_window
+
+    directory = Path(real.get("forward_log") or "")
+    if not real.get("load_window") or not directory.is_dir():
+        return None
+    table = classes(read_window(real), simulated, costs)
+    return {"classes": table, "all": totals(table)}
+
+
+def totals(table: dict[str, dict]) -> dict:
+    keys = ("real_forwards", "real_s", "model_on_real_s", "simulated_forwards", "simulated_s")
+    total = {k: sum(r[k] for r in table.values()) for k in keys}
+    total["real_over_model"] = (total["real_s"] / total["model_on_real_s"]
+                                if total["model_on_real_s"] else None)
+    return total
+
+
+def format_classes(table: dict[str, dict]) -> str:
+    lines = [f"{'class':<16}{'real n':>8}{'real ms':>9}{'model ms':>9}{'real/model':>11}"
+             f"{'sim n':>8}{'sim ms':>8}"]
+    for name, r in {**table, "all": totals(table)}.items():
+        n, m = r["real_forwards"], r["simulated_forwards"]
+        ratio = r["real_over_model"]
+        lines.append(f"{name:<16}{n:>8}{(r['real_s'] / n * 1e3 if n else 0):>9.1f}"
+                     f"{(r['model_on_real_s'] / n * 1e3 if n else 0):>9.1f}"
+                     f"{(f'{ratio:.3f}' if ratio else '-'):>11}{m:>8}"
+                     f"{(r['simulated_s'] / m * 1e3 if m else 0):>8.1f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m simulator.forward_check",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="+", type=Path,
+                        help="forward logs (JSON lines, priced with --profile), or validation "
+                             "case files (their stored table is printed)")
+    parser.add_argument("--profile", default=None, help="the profile record to fit")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    cases = [p for p in args.paths if p.suffix == ".json"]
+    for path in cases:
+        stored = json.loads(path.read_text()).get("forward_classes")
+        print(f"{path.name}:\n" + (format_classes(stored["classes"]) if stored
+                                    else "  recorded without a forward log"))
+    logs = [p for p in args.paths if p.suffix != ".json"]
+    if logs:
+        from common.engine.forward_log import read
+        from simulator.validate import load_profiles, profile_for
+
+        if not args.profile:
+            raise SystemExit("error: forward logs are priced with --profile FILE")
+        costs, _ = profile_for(load_profiles([args.profile]), args.threads)
+        print(format_classes(classes([line for p in logs for line in read(p)], [], costs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""An instance's forward log and its check against the cost model (common/engine/forward_log.py,
+simulator/forward_check.py): the shape a plan is priced by, the log's round trip and time
+window, and the per-class table that splits mispricing from a different mix of forwards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.engine.forward_log import ForwardLog, read
+from common.plan import BatchPlan, ForwardShape, ScheduledChunk
+from common.sampling_params import SamplingParams
+from simulator.costs import CostModel
+from simulator.forward_check import classes, forward_class, forward_classes, totals
+
+COSTS = CostModel(base=((1, 0.010), (64, 0.012), (512, 0.080)), per_sampled_row_s=0.001,
+                  per_context_token_s=1e-5, per_context_pair_s=1e-7, kv_bytes_per_token=1024,
+                  max_model_len=2048, per_mixed_forward_s=0.002, per_extra_prompt_s=0.003)
+
+
+def chunk(seq: str, n: int, cached: int, sample: bool = True) -> ScheduledChunk:
+    return ScheduledChunk(seq, list(range(n)), cached, [0], SamplingParams() if sample else None)
+
+
+def mixed_plan() -> BatchPlan:
+    return BatchPlan([chunk("a", 1, 100), chunk("b", 1, 40), chunk("c", 30, 0),
+                      chunk("d", 20, 0), chunk("e", 64, 128, sample=False)],
+                     num_padding_tokens=2, swap_out=[(1, 2)])
+
+
+def test_a_plans_shape_counts_what_its_cost_depends_on_and_prices_as_the_plan():
+    shape = mixed_plan().shape()
+    assert shape == ForwardShape(tokens=2 + 1 + 1 + 30 + 20 + 64, rows=4, context=268,
+                                 pairs=100 + 40 + 128 * 64, fresh=(30, 20), decodes=2,
+                                 prompts=3, swap_blocks=1)
+    assert shape.kind == "mixed"
+    assert COSTS.shape_s(shape) == COSTS.forward_s(mixed_plan())
+    step = ForwardShape.decode_step(4, 300)
+    assert step.kind == "decode" and COSTS.shape_s(step) == COSTS.decode_s(4, 300)
+    assert BatchPlan([chunk("c", 30, 0)]).shape().kind == "prefill"
+
+
+def test_the_forward_log_round_trips_and_cuts_to_a_window(tmp_path, monkeypatch):
+    from common.engine import forward_log
+    log = ForwardLog(str(tmp_path / "logs"), "coupled-0")
+    for t in (100.0, 200.0, 300.0):
+        monkeypatch.setattr(forward_log.time, "time", lambda t=t: t)
+        log.record(mixed_plan(), 0.5, 0.6)
+    log.close()
+    lines = read(tmp_path / "logs" / "coupled-0.jsonl", 150.0, 300.0)
+    assert [line["time"] for line in lines] == [200.0, 300.0]
+    assert lines[0]["shape"] == mixed_plan().shape()
+    assert (lines[0]["forward_s"], lines[0]["turn_s"]) == (0.5, 0.6)
+
+
+@pytest.mark.parametrize("shape,name", [
+    (ForwardShape.decode_step(1, 10), "decode b1"),
+    (ForwardShape.decode_step(3, 10), "decode b2-3"),
+    (ForwardShape.decode_step(40, 10), "decode b32+"),
+    (BatchPlan([chunk("c", 33, 0)]).shape(), "prefill t33-128"),
+    (BatchPlan([chunk("c", 600, 0)]).shape(), "prefill t513+"),
+    (mixed_plan().shape(), "mixed t33-128"),
+])
+def test_forward_classes_group_decodes_by_batch_and_prompts_by_tokens(shape, name):
+    assert forward_class(shape) == name
+
+
+def test_the_table_sets_measured_seconds_against_the_model_and_the_simulated_mix():
+    step = ForwardShape.decode_step(2, 50)
+    real = [{"shape": step, "forward_s": 2 * COSTS.shape_s(step)} for _ in range(3)]
+    real.append({"shape": mixed_plan().shape(), "forward_s": COSTS.shape_s(mixed_plan().shape())})
+    simulated = [(step, COSTS.shape_s(step))] * 5
+    table = classes(real, simulated, COSTS)
+    assert list(table) == ["decode b2-3", "mixed t33-128"]  # decode first, then by size
+    decode = table["decode b2-3"]
+    assert decode["real_forwards"] == 3 and decode["simulated_forwards"] == 5
+    assert decode["real_over_model"] == pytest.approx(2.0)  # measured twice the model
+    assert table["mixed t33-128"]["real_over_model"] == pytest.approx(1.0)
+    assert table["mixed t33-128"]["simulated_forwards"] == 0  # a class the simulation never ran
+    total = totals(table)
+    assert total["real_forwards"] == 4 and total["simulated_forwards"] == 5
+    assert 1.0 < total["real_over_model"] < 2.0
+
+
+def test_a_validation_case_reads_its_logs_within_the_load_window(tmp_path):
+    directory = tmp_path / "case-forwards"
+    directory.mkdir()
+    step = ForwardShape.decode_step(1, 10)
+    for name, times in (("coupled-0", (5.0, 15.0)), ("coupled-1", (16.0, 30.0))):
+        (directory / f"{name}.jsonl").write_text("".join(json.dumps(
+            {"time": t, "forward_s": 0.1, "turn_s": 0.2, **step.__dict__}) + "\n"
+            for t in times))
+    result = forward_classes({"forward_log": str(directory), "load_window": [10.0, 20.0]},
+                             [], COSTS)
+    assert result["all"]["real_forwards"] == 2  # 15.0 and 16.0, one from each instance
+    assert forward_classes({"forward_log": str(tmp_path / "gone"),
+                            "load_window": [0, 1]}, [], COSTS) is None
+    assert forward_classes({}, [], COSTS) is None  # a run recorded before the log existed
+
+
+def test_the_forwards_calibration_measures_k_and_the_loop_work_from_the_log():
+    """simulator.calibrate.from_forwards: nothing fitted to latencies; k is measured over
+    modelled seconds at the logged shapes, the overhead the turns beyond their forwards."""
+    from simulator.calibrate import from_forwards
+    step, prompt = ForwardShape.decode_step(4, 400), BatchPlan([chunk("c", 200, 0)]).shape()
+    lines = [{"shape": step, "forward_s": 1.5 * COSTS.shape_s(step),
+              "turn_s": 1.5 * COSTS.shape_s(step) + 0.001},
+             {"shape": prompt, "forward_s": 1.5 * COSTS.shape_s(prompt),
+              "turn_s": 1.5 * COSTS.shape_s(prompt) + 0.003}]
+    measured = from_forwards(lines, COSTS)
+    assert measured["factor"] == pytest.approx(1.5)
+    assert measured["turn_overhead_s"] == pytest.approx(0.002)
+    assert measured["forwards"] == 2
+    with pytest.raises(ValueError, match="no forward"):
+        from_forwards([], COSTS)
+
+
+def test_the_request_path_is_the_probes_ttft_less_their_prompt_forwards():
+    from simulator.request_path import latency
+    prompt, step = BatchPlan([chunk("c", 12, 0)]).shape(), ForwardShape.decode_step(3, 90)
+    lines = [{"time": t, "forward_s": s, "shape": prompt} for t, s in
+             ((10.1, 0.020), (10.6, 0.030), (11.1, 0.022))]
+    lines.append({"time": 10.3, "forward_s": 0.5, "shape": step})  # not a probe's forward
+    lines.append({"time": 12.5, "forward_s": 0.9, "shape": prompt})  # after the probes
+    probe = {"ttft_s": [0.031, 0.040, 0.029], "window": [10.0, 11.5]}
+    assert latency(probe, lines) == pytest.approx(0.031 - 0.022)  # medians
+    assert latency(None, lines) is None  # a run recorded before the probes
+    assert latency({**probe, "ttft_s": [None, 0.04, 0.03]}, lines) is None  # a probe failed
+    assert latency(probe, lines[3:]) is None  # no prompt forward in the window
