@@ -45,9 +45,12 @@ from common.schedulers.costs import PROFILE_RECORD, IterationCosts
 
 PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
-# Mixed forwards, a fresh prompt beside running decodes (what a co-located instance runs): a short
-# and a long prompt, each beside one and beside 16 decodes at the decode context.
-MIXED_PREFILL_SIZES = [256, 1024]
+# Mixed forwards, a fresh prompt beside running decodes (what a co-located instance runs): short
+# and long prompts, each beside one and beside 16 decodes at the decode context. The short ones
+# are what co-located instances mostly run at light load: with the long ones alone, the fit's
+# per-mixed-forward constant came out at 43 ms where forwards of 1-32 tokens measured about 0
+# (docs/simulator.md, forward log).
+MIXED_PREFILL_SIZES = [16, 64, 256, 1024]
 MIXED_DECODE_BATCHES = [1, 16]
 KNEE_FRACTION = 0.9
 GREEDY = SamplingParams(max_tokens=1 << 20, temperature=0.0)

@@ -17,3 +17,12 @@ def test_a_noisy_fast_point_below_the_saturation_is_not_the_knee():
 
 def test_the_knee_is_the_best_size_when_nothing_below_comes_close():
     assert knee(SIZES, [100, 200, 300, 400, 500, 600, 700, 1000]) == 512
+
+
+def test_the_mixed_rows_cover_the_short_prompts_a_lightly_loaded_instance_mixes():
+    from common.engine.profile import ProfileOptions, mixed_shapes
+
+    sizes, batches = mixed_shapes(ProfileOptions())
+    assert sizes[:2] == [16, 64] and 1024 in sizes and batches == [1, 16]
+    assert mixed_shapes(ProfileOptions(max_prefill_tokens=100))[0] == [16, 64]
+    assert mixed_shapes(ProfileOptions(max_prefill_tokens=8))[0] == [4]  # half the largest
