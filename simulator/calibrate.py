@@ -59,15 +59,25 @@ def fit_factor(real: dict, simulate_at: Callable[[float], dict],
 
 
 def from_forwards(lines: list[dict], costs: CostModel) -> dict:
-    """k = measured / modelled seconds over a forward log's lines (each priced at its own
-    shape), and the loop's mean seconds per forward beyond the forward."""
+    """k = measured / modelled seconds over a forward log's decode steps (each priced at its own
+    shape), the same ratio over its forwards that carry a prompt chunk (`prompt_factor`: a
+    1-thread prefill instance slowed 26-33% in service where decode steps did not), and the
+    loop's mean seconds per forward beyond the forward. A kind the log lacks takes the other's
+    ratio."""
     if not lines:
         raise ValueError("the held-out run's forward log has no forward in its load window")
+    ratios = {}
+    for kind in ("decode", "prompt"):
+        chosen = [line for line in lines if (line["shape"].kind == "decode") == (kind == "decode")]
+        modelled = sum(costs.shape_s(line["shape"]) for line in chosen)
+        ratios[kind] = sum(line["forward_s"] for line in chosen) / modelled if modelled else None
     measured = sum(line["forward_s"] for line in lines)
     modelled = sum(costs.shape_s(line["shape"]) for line in lines)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
-    return {"factor": measured / modelled, "turn_overhead_s": overhead, "forwards": len(lines),
-            "measured_s": measured, "modelled_s": modelled}
+    return {"factor": ratios["decode"] or ratios["prompt"],
+            "prompt_factor": ratios["prompt"] or ratios["decode"],
+            "overall_factor": measured / modelled, "turn_overhead_s": overhead,
+            "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
 
 
 def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
@@ -94,7 +104,7 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
             case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
     else:
         raise ValueError(f"unknown calibration mode {mode!r}: forwards or latencies")
-    fitted = v.simulated_run(case, requests, arrivals, costs.scaled(result["factor"]), cache_dir,
+    fitted = v.simulated_run(case, requests, arrivals, scaled(costs, result), cache_dir,
                              result["turn_overhead_s"], result.get("request_latency_s") or 0.0)
     result["errors_at_factor"] = v.errors(real["summary"], fitted["summary"])
     result["forward_classes"] = forward_classes(real, fitted.pop("forwards"), costs)
@@ -116,9 +126,14 @@ def own_speed(case, requests: list, arrivals: list[float], real: dict, costs: Co
         return None
     speed = from_forwards(read_window(real), costs)
     speed["request_latency_s"] = path_latency(real)
-    replay = v.simulated_run(case, requests, arrivals, costs.scaled(speed["factor"]), cache_dir,
+    replay = v.simulated_run(case, requests, arrivals, scaled(costs, speed), cache_dir,
                              speed["turn_overhead_s"], speed["request_latency_s"] or 0.0)
     return {**speed, "errors": v.errors(real["summary"], replay["summary"])}
+
+
+def scaled(costs: CostModel, calibration: dict) -> CostModel:
+    """`costs` with a calibration's factors (a latencies calibration has no prompt factor)."""
+    return costs.scaled(calibration["factor"], calibration.get("prompt_factor"))
 
 
 def path_latency(real: dict) -> float | None:

@@ -112,6 +112,10 @@ class CostModel:
     decode_context: int = 256  # the context of the decode curve handed to co-located policies
     per_mixed_forward_s: float = 0.0  # a forward with prompt chunks and decodes, beyond its parts
     per_extra_prompt_s: float = 0.0  # each fresh prompt after the first in one forward
+    # Forwards that carry a prompt chunk (prefill and mixed) this many times as long beside the
+    # decode steps (a calibration: in service a prefill instance's compute-bound forwards can
+    # slow down more than the decode steps do; 1 from a profile)
+    prompt_factor: float = 1.0
     default_link: str = "roce-200g"
     source: str = ""
     notes: tuple[str, ...] = ()
@@ -124,6 +128,8 @@ class CostModel:
         if min(self.per_sampled_row_s, self.per_context_token_s, self.per_context_pair_s,
                self.per_mixed_forward_s, self.per_extra_prompt_s) < 0:
             raise ConfigError("cost model coefficients must be >= 0")
+        if self.prompt_factor <= 0:
+            raise ConfigError("a cost model's prompt factor must be > 0")
         object.__setattr__(self, "_xs", xs)
         object.__setattr__(self, "_ys", [float(y) for _, y in self.base])
         object.__setattr__(self, "_decode_rows", {})  # num_seqs -> base + sampled rows, memo
@@ -146,6 +152,8 @@ class CostModel:
             seconds += self.per_mixed_forward_s
         if len(shape.fresh) > 1:
             seconds += self.multi_prompt_extra_s(list(shape.fresh))
+        if shape.prompts:
+            seconds *= self.prompt_factor
         if shape.swap_blocks and self.swap_bytes_per_s:
             seconds += (shape.swap_blocks * block_size * self.kv_bytes_per_token
                         / self.swap_bytes_per_s)
@@ -163,8 +171,9 @@ class CostModel:
 
     def multi_prompt_s(self, num_prompts: int, num_tokens: int) -> float:
         """`forward_s` of `num_prompts` fresh prompts of `num_tokens` each, each sampling."""
-        return (self.base_s(num_prompts * num_tokens) + self.per_sampled_row_s * num_prompts
-                + self.multi_prompt_extra_s([num_tokens] * num_prompts))
+        return self.prompt_factor * (
+            self.base_s(num_prompts * num_tokens) + self.per_sampled_row_s * num_prompts
+            + self.multi_prompt_extra_s([num_tokens] * num_prompts))
 
     def decode_s(self, num_seqs: int, context: int) -> float:
         """`forward_s` of a plan of `num_seqs` one-token decodes after `context` cached tokens in
@@ -178,26 +187,32 @@ class CostModel:
     def mixed_s(self, num_tokens: int, batch: int, context: int) -> float:
         """`forward_s` of one fresh prompt of `num_tokens` (its first token sampled) beside one
         decode step of `batch` sequences holding `context` tokens each."""
-        return (self.base_s(num_tokens + batch) + self.per_sampled_row_s * (batch + 1)
-                + (self.per_context_token_s + self.per_context_pair_s) * batch * context
-                + (self.per_mixed_forward_s if batch else 0.0))
+        return self.prompt_factor * (
+            self.base_s(num_tokens + batch) + self.per_sampled_row_s * (batch + 1)
+            + (self.per_context_token_s + self.per_context_pair_s) * batch * context
+            + (self.per_mixed_forward_s if batch else 0.0))
 
-    def scaled(self, factor: float) -> CostModel:
-        """Every forward `factor` times as long (simulator.calibrate); transfers unchanged."""
-        if factor <= 0:
+    def scaled(self, factor: float, prompt_factor: float | None = None) -> CostModel:
+        """Every forward `factor` times as long, or those carrying a prompt chunk
+        `prompt_factor` times (simulator.calibrate); transfers unchanged."""
+        if factor <= 0 or (prompt_factor is not None and prompt_factor <= 0):
             raise ConfigError("a cost model's scale factor must be > 0")
+        relative = self.prompt_factor * (prompt_factor / factor if prompt_factor else 1.0)
         return replace(self, base=tuple((x, y * factor) for x, y in self.base),
                        per_sampled_row_s=self.per_sampled_row_s * factor,
                        per_context_token_s=self.per_context_token_s * factor,
                        per_context_pair_s=self.per_context_pair_s * factor,
                        per_mixed_forward_s=self.per_mixed_forward_s * factor,
                        per_extra_prompt_s=self.per_extra_prompt_s * factor,
-                       notes=(*self.notes, (f"every forward scaled by {factor:.3f} "
-                                            "(calibrated to the serving stack)")))
+                       prompt_factor=relative,
+                       notes=(*self.notes, (f"every forward scaled by {factor:.3f}"
+                                            + (f", prompt-carrying ones by {prompt_factor:.3f}"
+                                               if prompt_factor else "")
+                                            + " (calibrated to the serving stack)")))
 
     def prefill_s(self, num_tokens: int) -> float:
         """One fresh prompt of `num_tokens`, its first token sampled."""
-        return self.base_s(num_tokens) + self.per_sampled_row_s
+        return (self.base_s(num_tokens) + self.per_sampled_row_s) * self.prompt_factor
 
     def decode_step_s(self, batch: int, context: int) -> float:
         """One decode step of `batch` sequences holding `context` tokens each."""

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
-from simulator.calibrate import calibrate_case, own_speed
+from simulator.calibrate import calibrate_case, own_speed, scaled
 from simulator.costs import CostModel
 from simulator import request_path
 from simulator.fit import fit_profile
@@ -300,7 +300,7 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
     forwards calibration's)."""
     measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
     rate = (rate_from_real and earlier_rate(case, real_from)) or case_rate(case, measured)
-    costs = measured.scaled(calibration["factor"]) if calibration is not None else measured
+    costs = scaled(measured, calibration) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
         case, requests, arrivals, cache_dir, out / "logs")
@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             calibrations[key] = calibrate_case(Case(*key, args.calibration_seed),
                                                args.num_requests, profiles, args.cache_dir,
                                                args.out, args.calibration, args.real_from)
-            print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.3f}, "
+            print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.3f} "
+                  f"(prompt-carrying: {calibrations[key].get('prompt_factor') or 0:.3f}), "
                   f"{calibrations[key]['turn_overhead_s'] * 1e3:.2f} ms loop work per forward "
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,

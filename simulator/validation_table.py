@@ -70,14 +70,24 @@ def rows(label: str, result: dict) -> list[list[str]]:
     calibration, own = result.get("calibration"), result.get("own_speed")
     lines = [row(label, result)]
     if calibration:
-        held_out = (f"k {calibration['factor']:.3f}, "
-                    f"{result.get('turn_overhead_s', 0.0) * 1e3:.2f} ms/forward")
         lines = [row(f"{label}, profile alone", result, calibration["errors_uncalibrated"]),
-                 row(f"{label}, held-out {held_out}", result)]
+                 row(f"{label}, held-out {measures(calibration, result)}", result)]
     if own:
-        lines.append(row(f"{label}, own run's k {own['factor']:.3f}, "
-                         f"{own['turn_overhead_s'] * 1e3:.2f} ms/forward", result, own["errors"]))
+        lines.append(row(f"{label}, own run's {measures(own)}", result, own["errors"]))
     return lines
+
+
+def measures(calibration: dict, result: dict | None = None) -> str:
+    """k (decode / prompt-carrying where both were measured), the loop's work per forward and
+    the request path."""
+    k = f"k {calibration['factor']:.2f}"
+    if calibration.get("prompt_factor"):
+        k += f"/{calibration['prompt_factor']:.2f}"
+    overhead = (result or calibration).get("turn_overhead_s", 0.0)
+    text = f"{k}, {overhead * 1e3:.2f} ms/forward"
+    if calibration.get("request_latency_s") is not None:
+        text += f", path {calibration['request_latency_s'] * 1e3:.1f} ms"
+    return text
 
 
 def table(directories: list[Path]) -> str:

@@ -128,3 +128,29 @@ def test_the_request_path_is_the_probes_ttft_less_their_prompt_forwards():
     assert latency(None, lines) is None  # a run recorded before the probes
     assert latency({**probe, "ttft_s": [None, 0.04, 0.03]}, lines) is None  # a probe failed
     assert latency(probe, lines[3:]) is None  # no prompt forward in the window
+
+
+def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():
+    """A 1-thread prefill instance slowed more in service than the decode steps: k per kind."""
+    from simulator.calibrate import from_forwards, scaled
+    step, prompt = ForwardShape.decode_step(4, 400), BatchPlan([chunk("c", 200, 0)]).shape()
+    mixed = mixed_plan().shape()
+    lines = [{"shape": step, "forward_s": 0.9 * COSTS.shape_s(step), "turn_s": 1.0},
+             {"shape": prompt, "forward_s": 1.3 * COSTS.shape_s(prompt), "turn_s": 1.0},
+             {"shape": mixed, "forward_s": 1.3 * COSTS.shape_s(mixed), "turn_s": 1.0}]
+    measured = from_forwards(lines, COSTS)
+    assert measured["factor"] == pytest.approx(0.9)
+    assert measured["prompt_factor"] == pytest.approx(1.3)
+    calibrated = scaled(COSTS, measured)
+    assert calibrated.shape_s(step) == pytest.approx(0.9 * COSTS.shape_s(step))
+    assert calibrated.decode_s(4, 400) == pytest.approx(0.9 * COSTS.decode_s(4, 400))
+    for shape in (prompt, BatchPlan([chunk("c", 30, 0), chunk("d", 20, 0)]).shape()):
+        assert calibrated.shape_s(shape) == pytest.approx(1.3 * COSTS.shape_s(shape))
+    assert calibrated.prefill_s(200) == pytest.approx(1.3 * COSTS.prefill_s(200))
+    # the mixed forward's swap is a transfer, not a forward: only its compute scales
+    assert mixed.swap_blocks == 1 and COSTS.swap_bytes_per_s is None
+    assert calibrated.shape_s(mixed) == pytest.approx(1.3 * COSTS.shape_s(mixed))
+    only_decodes = from_forwards(lines[:1], COSTS)  # a kind the log lacks takes the other's
+    assert only_decodes["prompt_factor"] == pytest.approx(0.9)
+    assert scaled(COSTS, {"factor": 1.2}).shape_s(prompt) == pytest.approx(
+        1.2 * COSTS.shape_s(prompt))  # a latencies calibration: one k for everything

@@ -169,11 +169,13 @@ def test_a_calibrated_case_shows_the_profile_alone_beside_the_calibration(tmp_pa
     assert lines[0].endswith("| forward s | real/model |")
     alone, calibrated = lines[2], lines[3]
     assert alone.startswith("| sarathi-LPLD-low-s0, profile alone |") and "-20.0% *" in alone
-    assert calibrated.startswith("| sarathi-LPLD-low-s0, held-out k 1.100, 0.80 ms/forward |")
+    assert calibrated.startswith("| sarathi-LPLD-low-s0, held-out k 1.10, 0.80 ms/forward |")
     assert "-3.0% |" in calibrated and calibrated.endswith("| 1.071 |")
-    result["own_speed"] = {"factor": 1.0712, "turn_overhead_s": 0.0009, "errors": errors(
+    result["own_speed"] = {"factor": 1.0712, "prompt_factor": 1.3, "turn_overhead_s": 0.0009,
+                           "request_latency_s": 0.0047, "errors": errors(
         {"jct_s": {"mean": 1.0}}, {"jct_s": {"mean": 1.01}})}
     (tmp_path / "sarathi-LPLD-low-s0.json").write_text(json.dumps(result))
     own = table([tmp_path]).splitlines()[4]
-    assert own.startswith("| sarathi-LPLD-low-s0, own run's k 1.071, 0.90 ms/forward |")
+    assert own.startswith("| sarathi-LPLD-low-s0, own run's k 1.07/1.30, 0.90 ms/forward, "
+                          "path 4.7 ms |")
     assert "+1.0% |" in own
