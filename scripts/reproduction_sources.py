@@ -45,6 +45,7 @@ SESSIONS = {
     10: (ZEN5, "a session of 2026-11-27, 15:32-18:32 UTC (family 26, Zen 5)"),
     11: (XEON, "a session of 2026-11-27, 18:45-21:45 UTC (family 6 model 85, AVX-512 VNNI)"),
     12: (AVX2, "a session of 2026-11-28, 05:25-08:25 UTC (family 25, Zen 3)"),
+    13: (ZEN4, "a session of 2026-11-28, 08:31-11:31 UTC (family 25 model 17, Zen 4)"),
 }
 # data directory (under docs/benchmarks) -> session
 HOSTS = {
@@ -75,6 +76,8 @@ HOSTS = {
     "compare_phase_shift_xeon_sampled": 11, "compare_routing_xeon_multiturn": 11,
     "compare_fastserve_zen3_rate5_b8": 12, "compare_fastserve_zen3_rate5_b8_sampled": 12,
     "compare_phase_shift_zen3_migrate": 12, "compare_phase_shift_zen3_migrate_sampled": 12,
+    **{f"compare_fastserve_zen4_rate{rate}_b8{mode}": 13 for rate in (5, 10)
+       for mode in ("", "_sampled")},
 }
 
 

@@ -205,10 +205,10 @@ def e17_rate5() -> list[str]:
 E17_MODES = (("", "greedy"), ("_sampled", "sampled"))
 
 
-def e17_zen3(rate: int) -> list[str]:
+def e17_b8(host: str, rate: int) -> list[str]:
     """E17 as published (proactive swap, profiled job-profiler costs) with 8 batch slots, greedy
     and sampled, and what the policies did (their counters over each seed's run)."""
-    names = [f"compare_fastserve_zen3_rate{rate}_b8{suffix}" for suffix, _ in E17_MODES]
+    names = [f"compare_fastserve_{host}_rate{rate}_b8{suffix}" for suffix, _ in E17_MODES]
     rows = [(f"{label}, {mode}", name, s) for name, (_, mode) in zip(names, E17_MODES)
             for s, label in FASTSERVE.items()]
     lines = compare_region("system", rows, FASTSERVE_COLS, "norm. latency mean")
@@ -267,7 +267,8 @@ BUILDERS = {
     "vllm-avx2": vllm_avx2, "E7": e7, "E7-after": e7_after, "E7-hphd": e7_hphd,
     "E7-1024": e7_budget1024,
     "E17": e17, "E17-rate5": e17_rate5, "E16": e16,
-    "E17-zen3-rate5": lambda: e17_zen3(5),
+    "E17-zen3-rate5": lambda: e17_b8("zen3", 5),
+    "E17-zen4-rate5": lambda: e17_b8("zen4", 5), "E17-zen4-rate10": lambda: e17_b8("zen4", 10),
     "E16-xeon": lambda: e16("compare_phase_shift_xeon"),
     "E16-xeon-sampled": lambda: e16("compare_phase_shift_xeon_sampled"),
     "E16-zen3-migrate": lambda: e16("compare_phase_shift_zen3_migrate", PHASE_MIGRATE),
