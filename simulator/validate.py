@@ -18,7 +18,11 @@ Both sides read the same profile record: the real instances through --cache-dir 
 co-located cost curves), the simulator through the fit. A record measured with a different
 thread count than the case's instances is used anyway and flagged (`profile.threads_match`).
 Real timings are disturbed by whatever else runs on the machine: `uptime` before and after is
-in each case's JSON, beside per-request TTFT and JCT of both sides.
+in each case's JSON, beside per-request TTFT and JCT of both sides. The real instances write
+forward logs (`splitserve up --forward-log`), read into each case's `forward_classes`
+(simulator.forward_check), its held-out calibration (simulator.calibrate) and its replay at
+its own run's speed (`own_speed`); a request-path probe precedes each load
+(simulator.request_path).
 """
 
 from __future__ import annotations
