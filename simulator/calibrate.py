@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from simulator.costs import CostModel
@@ -58,7 +58,26 @@ def fit_factor(real: dict, simulate_at: Callable[[float], dict],
     return best["factor"], tried
 
 
-def from_forwards(lines: list[dict], costs: CostModel) -> dict:
+def per_row_fit(lines: list[dict], costs: CostModel) -> tuple[float, float]:
+    """(k, c): decode steps' measured seconds ~ k x their price + c x their sampled rows, least
+    squares, c >= 0 (c = 0 and k the plain ratio otherwise): a per-token in-service cost beside
+    the slowdown (the gateway's and client's work per streamed token on the same cores)."""
+    decodes = [line for line in lines if line["shape"].kind == "decode"]
+    if not decodes:
+        return 1.0, 0.0
+    m = [costs.shape_s(line["shape"]) for line in decodes]
+    r = [float(line["shape"].rows) for line in decodes]
+    y = [line["forward_s"] for line in decodes]
+    mm, rr, mr = sum(a * a for a in m), sum(b * b for b in r), sum(a * b for a, b in zip(m, r))
+    my, ry = sum(a * b for a, b in zip(m, y)), sum(a * b for a, b in zip(r, y))
+    det = mm * rr - mr * mr
+    k, c = ((my * rr - ry * mr) / det, (ry * mm - my * mr) / det) if det else (0.0, -1.0)
+    if c < 0 or k <= 0:
+        return sum(y) / sum(m), 0.0
+    return k, c
+
+
+def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) -> dict:
     """k = measured / modelled seconds over a forward log's decode steps (each priced at its own
     shape), the same ratio over its forwards that carry a prompt chunk (`prompt_factor`: a
     1-thread prefill instance slowed 26-33% in service where decode steps did not), and the
@@ -74,10 +93,13 @@ def from_forwards(lines: list[dict], costs: CostModel) -> dict:
     measured = sum(line["forward_s"] for line in lines)
     modelled = sum(costs.shape_s(line["shape"]) for line in lines)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
-    return {"factor": ratios["decode"] or ratios["prompt"],
-            "prompt_factor": ratios["prompt"] or ratios["decode"],
-            "overall_factor": measured / modelled, "turn_overhead_s": overhead,
-            "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
+    result = {"factor": ratios["decode"] or ratios["prompt"],
+              "prompt_factor": ratios["prompt"] or ratios["decode"],
+              "overall_factor": measured / modelled, "turn_overhead_s": overhead,
+              "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
+    if per_row:  # mode "forwards-rows"
+        result["factor"], result["per_row_s"] = per_row_fit(lines, costs)
+    return result
 
 
 def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
@@ -96,8 +118,8 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
             else v.real_run(case, requests, arrivals, cache_dir, out / "logs"))
     result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
               "turn_overhead_s": 0.0}
-    if mode == "forwards":
-        result.update(from_forwards(read_window(real), costs),
+    if mode in ("forwards", "forwards-rows"):
+        result.update(from_forwards(read_window(real), costs, mode == "forwards-rows"),
                       request_latency_s=path_latency(real))
     elif mode == "latencies":
         result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
@@ -132,8 +154,12 @@ def own_speed(case, requests: list, arrivals: list[float], real: dict, costs: Co
 
 
 def scaled(costs: CostModel, calibration: dict) -> CostModel:
-    """`costs` with a calibration's factors (a latencies calibration has no prompt factor)."""
-    return costs.scaled(calibration["factor"], calibration.get("prompt_factor"))
+    """`costs` with a calibration's factors (a latencies calibration has no prompt factor) and
+    its per-row in-service cost, if it measured one."""
+    model = costs.scaled(calibration["factor"], calibration.get("prompt_factor"))
+    per_row = calibration.get("per_row_s") or 0.0
+    return replace(model, per_sampled_row_s=model.per_sampled_row_s + per_row) if per_row \
+        else model
 
 
 def path_latency(real: dict) -> float | None:

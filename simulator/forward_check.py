@@ -83,6 +83,38 @@ def forward_classes(real: dict, simulated: list[tuple[ForwardShape, float]],
     return {"classes": table, "all": totals(table)}
 
 
+LOOP_COUNTERS = {"busy_s": "busy_seconds", "num_forwards": "num_forwards",
+                 "turn_s": "forward_turn_seconds"}
+
+
+def loop_counters(view: dict) -> dict:
+    """Summed over the instances of a `GET /cluster` answer: seconds in forwards, forwards, and
+    the wall time of the loop turns that ran them."""
+    return {key: sum(float(i.get(field, 0.0)) for i in view["instances"])
+            for key, field in LOOP_COUNTERS.items()}
+
+
+def measured_overhead(real: dict) -> float | None:
+    """The instance loop's own seconds per forward in a real run (its turns less its forwards),
+    None for a run recorded without them."""
+    if not real.get("num_forwards"):
+        return None
+    return max(real["turn_s"] - real["busy_s"], 0.0) / real["num_forwards"]
+
+
+def forward_time(real: dict, simulated: dict) -> dict:
+    """A diagnostic beside the metrics (no target): the seconds the instances spent in forwards
+    during the load, real and simulated, the forwards run and the loop's own seconds per forward.
+    Close totals with far-off latencies point away from the cost model's total, toward where the
+    time falls; None for a real run recorded without it."""
+    r = real.get("busy_s")
+    sim = simulated["summary"]["simulation"]
+    s = sim["instances"]["busy_instance_s"]
+    return {"real": r, "simulated": s, "relative_error": (s - r) / r if r else None,
+            "real_forwards": real.get("num_forwards"), "simulated_forwards": sim["forwards"],
+            "real_overhead_per_forward_s": measured_overhead(real)}
+
+
 def totals(table: dict[str, dict]) -> dict:
     keys = ("real_forwards", "real_s", "model_on_real_s", "simulated_forwards", "simulated_s")
     total = {k: sum(r[k] for r in table.values()) for k in keys}

@@ -44,7 +44,8 @@ from simulator.calibrate import calibrate_case, own_speed, scaled
 from simulator.costs import CostModel
 from simulator import request_path
 from simulator.fit import fit_profile
-from simulator.forward_check import forward_classes
+from simulator.forward_check import (forward_classes, forward_time, loop_counters,
+                                      measured_overhead)
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs/benchmarks/simulator_validation"
@@ -198,38 +199,6 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
             "uptime_before": before, "uptime_after": uptime()}, records
 
 
-LOOP_COUNTERS = {"busy_s": "busy_seconds", "num_forwards": "num_forwards",
-                 "turn_s": "forward_turn_seconds"}
-
-
-def loop_counters(view: dict) -> dict:
-    """Summed over the instances of a `GET /cluster` answer: seconds in forwards, forwards, and
-    the wall time of the loop turns that ran them."""
-    return {key: sum(float(i.get(field, 0.0)) for i in view["instances"])
-            for key, field in LOOP_COUNTERS.items()}
-
-
-def measured_overhead(real: dict) -> float | None:
-    """The instance loop's own seconds per forward in a real run (its turns less its forwards),
-    None for a run recorded without them."""
-    if not real.get("num_forwards"):
-        return None
-    return max(real["turn_s"] - real["busy_s"], 0.0) / real["num_forwards"]
-
-
-def forward_time(real: dict, simulated: dict) -> dict:
-    """A diagnostic beside the metrics (no target): the seconds the instances spent in forwards
-    during the load, real and simulated, the forwards run and the loop's own seconds per forward.
-    Close totals with far-off latencies point away from the cost model's total, toward where the
-    time falls; None for a real run recorded without it."""
-    r = real.get("busy_s")
-    sim = simulated["summary"]["simulation"]
-    s = sim["instances"]["busy_instance_s"]
-    return {"real": r, "simulated": s, "relative_error": (s - r) / r if r else None,
-            "real_forwards": real.get("num_forwards"), "simulated_forwards": sim["forwards"],
-            "real_overhead_per_forward_s": measured_overhead(real)}
-
-
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
                   cache_dir: str, turn_overhead_s: float = 0.0,
                   request_latency_s: float = 0.0) -> dict:
@@ -296,7 +265,8 @@ def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> d
 
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
              out: Path, calibration: dict | None = None, real_from: Path | None = None,
-             rate_from_real: bool = False, turn_overhead: str = "0") -> dict:
+             rate_from_real: bool = False, turn_overhead: str = "0",
+             compact: bool = False) -> dict:
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
     with `real_from`, the real side is that directory's run of the case, if it has one, and
     with `rate_from_real` its rate too (another cost model puts the capacity elsewhere);
@@ -326,8 +296,11 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
+    written = result if not compact else {  # a re-simulation of runs kept elsewhere
+        **result, "requests": None, "real": {"summary": real["summary"]},
+        "simulated": {"summary": simulated["summary"]}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{case.name}.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / f"{case.name}.json").write_text(json.dumps(written, indent=1, default=str) + "\n")
     return result
 
 
@@ -346,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="before the cases, run each chosen layout/workload/rate once at "
                              "this (held-out) seed and scale the cost model to fit it "
                              "(simulator.calibrate)")
-    parser.add_argument("--calibration", choices=("forwards", "latencies"), default="forwards",
+    parser.add_argument("--calibration", choices=("forwards", "forwards-rows", "latencies"),
+                        default="forwards",
                         help="with --calibration-seed: 'forwards' measures k (and the loop's "
                              "own seconds per forward) from the held-out run's forward log; "
+                             "'forwards-rows' also a per-row in-service cost; "
                              "'latencies' fits k to its mean TTFT, TPOT and JCT")
     parser.add_argument("--real-from", type=Path, default=None, metavar="DIR",
                         help="take a case's real run from DIR/<case>.json when there (e.g. to "
@@ -363,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                              "GET /cluster), not fitted; 'held-out': the forwards calibration's "
                              "(default with --calibration forwards, else 0)")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--compact", action="store_true",
+                        help="case files without the per-request lists (for re-simulations "
+                             "of real runs kept elsewhere, --real-from)")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
     from simulator.validation_table import format_errors
@@ -370,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
     calibrations: dict[tuple, dict] = {}
     turn_overhead = args.turn_overhead or ("held-out" if args.calibration_seed is not None
-                                           and args.calibration == "forwards" else "0")
+                                           and args.calibration != "latencies" else "0")
     for case in select(args.cases):
         if args.dry_run:
             costs, _ = profile_for(profiles, LAYOUTS[case.layout][1])
@@ -389,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"(held-out seed {args.calibration_seed})", flush=True)
         print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
                                            args.out, calibrations.get(key), args.real_from,
-                                           args.rate_from_real, turn_overhead)),
+                                           args.rate_from_real, turn_overhead,
+                                           args.compact)),
               flush=True)
     return 0
 

@@ -154,3 +154,22 @@ def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():
     assert only_decodes["prompt_factor"] == pytest.approx(0.9)
     assert scaled(COSTS, {"factor": 1.2}).shape_s(prompt) == pytest.approx(
         1.2 * COSTS.shape_s(prompt))  # a latencies calibration: one k for everything
+
+
+def test_a_per_row_in_service_cost_is_recovered_from_decode_steps():
+    """Mode forwards-rows: measured = k x price + c x rows on decode steps; the calibrated model
+    charges c on each sampled row."""
+    from simulator.calibrate import from_forwards, per_row_fit, scaled
+    steps = [ForwardShape.decode_step(b, 100 * b) for b in (1, 2, 3, 5, 8, 13)]
+    lines = [{"shape": s, "forward_s": 1.1 * COSTS.shape_s(s) + 0.0012 * s.rows, "turn_s": 1.0}
+             for s in steps]
+    k, c = per_row_fit(lines, COSTS)
+    assert (k, c) == (pytest.approx(1.1), pytest.approx(0.0012))
+    calibration = from_forwards(lines, COSTS, per_row=True)
+    model = scaled(COSTS, calibration)
+    for s in steps:
+        assert model.shape_s(s) == pytest.approx(1.1 * COSTS.shape_s(s) + 0.0012 * s.rows)
+    faster_with_rows = [{**line, "forward_s": COSTS.shape_s(line["shape"]) * 1.2
+                         - 0.0001 * line["shape"].rows} for line in lines]
+    k, c = per_row_fit(faster_with_rows, COSTS)
+    assert c == 0.0 and k > 0  # no negative per-row cost: the plain ratio instead
