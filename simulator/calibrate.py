@@ -85,13 +85,15 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
     ratio."""
     if not lines:
         raise ValueError("the held-out run's forward log has no forward in its load window")
+    priced = [(line, costs.shape_s(line["shape"])) for line in lines]
     ratios = {}
     for kind in ("decode", "prompt"):
-        chosen = [line for line in lines if (line["shape"].kind == "decode") == (kind == "decode")]
-        modelled = sum(costs.shape_s(line["shape"]) for line in chosen)
-        ratios[kind] = sum(line["forward_s"] for line in chosen) / modelled if modelled else None
+        chosen = [(line, model) for line, model in priced
+                  if (line["shape"].kind == "decode") == (kind == "decode")]
+        modelled = sum(model for _, model in chosen)
+        ratios[kind] = sum(line["forward_s"] for line, _ in chosen) / modelled if modelled else None
     measured = sum(line["forward_s"] for line in lines)
-    modelled = sum(costs.shape_s(line["shape"]) for line in lines)
+    modelled = sum(model for _, model in priced)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
     result = {"factor": ratios["decode"] or ratios["prompt"],
               "prompt_factor": ratios["prompt"] or ratios["decode"],
@@ -118,8 +120,9 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
             else v.real_run(case, requests, arrivals, cache_dir, out / "logs"))
     result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
               "turn_overhead_s": 0.0}
+    lines = case_lines(real)
     if mode in ("forwards", "forwards-rows"):
-        result.update(from_forwards(read_window(real), costs, mode == "forwards-rows"),
+        result.update(from_forwards(lines or [], costs, mode == "forwards-rows"),
                       request_latency_s=path_latency(real))
     elif mode == "latencies":
         result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
@@ -129,24 +132,24 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     fitted = v.simulated_run(case, requests, arrivals, scaled(costs, result), cache_dir,
                              result["turn_overhead_s"], result.get("request_latency_s") or 0.0)
     result["errors_at_factor"] = v.errors(real["summary"], fitted["summary"])
-    result["forward_classes"] = forward_classes(real, fitted.pop("forwards"), costs)
+    result["forward_classes"] = forward_classes(lines, fitted.pop("forwards"), costs)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"calibration-{case.name}.json").write_text(
         json.dumps({**result, "real": real}, indent=1, default=str) + "\n")
     return result
 
 
-def own_speed(case, requests: list, arrivals: list[float], real: dict, costs: CostModel,
-              cache_dir: str) -> dict | None:
+def own_speed(case, requests: list, arrivals: list[float], real: dict, lines: list[dict] | None,
+              costs: CostModel, cache_dir: str) -> dict | None:
     """The case simulated again at the forward speed its own real run had (`from_forwards` on
-    its own log: not held out, a diagnostic): what is left of the error once the machine's
-    speed during the run is known is the simulated loop's, not the cost model's. None without
-    a forward log."""
+    its own log `lines`: not held out, a diagnostic): what is left of the error once the
+    machine's speed during the run is known is the simulated loop's, not the cost model's. None
+    without a forward log."""
     from simulator import validate as v
 
-    if not real.get("load_window") or not Path(real.get("forward_log") or "").is_dir():
+    if lines is None:
         return None
-    speed = from_forwards(read_window(real), costs)
+    speed = from_forwards(lines, costs)
     speed["request_latency_s"] = path_latency(real)
     replay = v.simulated_run(case, requests, arrivals, scaled(costs, speed), cache_dir,
                              speed["turn_overhead_s"], speed["request_latency_s"] or 0.0)
@@ -164,19 +167,23 @@ def scaled(costs: CostModel, calibration: dict) -> CostModel:
 
 def path_latency(real: dict) -> float | None:
     """simulator.request_path.latency of a real run (None when it had no probe)."""
-    from common.engine.forward_log import read
     from simulator.request_path import latency
 
     probe = real.get("path_probe")
-    if not probe:
+    return latency(probe, log_lines(real, *probe["window"])) if probe else None
+
+
+def case_lines(real: dict) -> list[dict] | None:
+    """A real run's forward-log lines within its load's window; None for a run recorded without
+    a log, or whose log is gone (logs stay out of git)."""
+    if not real.get("load_window") or not Path(real.get("forward_log") or "").is_dir():
         return None
-    return latency(probe, [line for path in sorted(Path(real["forward_log"]).glob("*.jsonl"))
-                           for line in read(path, *probe["window"])])
+    return log_lines(real, *real["load_window"])
 
 
-def read_window(real: dict) -> list[dict]:
-    """The lines of a real run's forward logs (one per instance) within its load's window."""
+def log_lines(real: dict, start: float, end: float) -> list[dict]:
+    """Every instance's forward-log lines of a real run whose forward ended within [start, end]."""
     from common.engine.forward_log import read
 
     return [line for path in sorted(Path(real["forward_log"]).glob("*.jsonl"))
-            for line in read(path, *real["load_window"])]
+            for line in read(path, start, end)]

@@ -69,17 +69,14 @@ def classes(real: list[dict], simulated: list[tuple[ForwardShape, float]],
     return {name: table[name] for name in sorted(table, key=_order)}
 
 
-def forward_classes(real: dict, simulated: list[tuple[ForwardShape, float]],
+def forward_classes(lines: list[dict] | None, simulated: list[tuple[ForwardShape, float]],
                     costs: CostModel) -> dict | None:
-    """`classes` for a validation case: the real run's forward log lines within its load's
-    window, beside the simulated forwards; None for a run recorded without a log (or whose log
-    is gone: logs stay out of git)."""
-    from simulator.calibrate import read_window
-
-    directory = Path(real.get("forward_log") or "")
-    if not real.get("load_window") or not directory.is_dir():
+    """`classes` for a validation case: its real run's forward-log lines within the load's
+    window (simulator.calibrate.case_lines), beside the simulated forwards; None for a run
+    without a log."""
+    if lines is None:
         return None
-    table = classes(read_window(real), simulated, costs)
+    table = classes(lines, simulated, costs)
     return {"classes": table, "all": totals(table)}
 
 

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
-from simulator.calibrate import calibrate_case, own_speed, scaled
+from simulator.calibrate import calibrate_case, case_lines, own_speed, scaled
 from simulator.costs import CostModel
 from simulator import request_path
 from simulator.fit import fit_profile
@@ -278,11 +278,15 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
         case, requests, arrivals, cache_dir, out / "logs")
-    overhead = {"measured": lambda: measured_overhead(real) or 0.0,
-                "held-out": lambda: (calibration or {}).get("turn_overhead_s", 0.0)}.get(
-                    turn_overhead, lambda: float(turn_overhead))()
+    if turn_overhead == "measured":
+        overhead = measured_overhead(real) or 0.0
+    elif turn_overhead == "held-out":
+        overhead = (calibration or {}).get("turn_overhead_s", 0.0)
+    else:
+        overhead = float(turn_overhead)
     simulated = simulated_run(case, requests, arrivals, costs, cache_dir, overhead,
                               (calibration or {}).get("request_latency_s") or 0.0)
+    lines = case_lines(real)  # its forward log, read once for the diagnostics below
     if calibration is not None:  # what the profile alone gave, beside the calibrated errors
         calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (
             simulated_run(case, requests, arrivals, measured, cache_dir)["summary"]))}
@@ -291,8 +295,8 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
                   k: v for k, v in calibration.items() if k != "tried"},
               "errors": errors(real["summary"], simulated["summary"]),
               "forward_time": forward_time(real, simulated), "turn_overhead_s": overhead,
-              "forward_classes": forward_classes(real, simulated.pop("forwards"), measured),
-              "own_speed": own_speed(case, requests, arrivals, real, measured, cache_dir),
+              "forward_classes": forward_classes(lines, simulated.pop("forwards"), measured),
+              "own_speed": own_speed(case, requests, arrivals, real, lines, measured, cache_dir),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
