@@ -94,18 +94,22 @@ class ForwardShape:
 
     @classmethod
     def of(cls, plan: BatchPlan) -> ForwardShape:
+        # Plain ifs, not bool arithmetic: the simulator prices every forward through this
         tokens, rows, context, pairs, decodes = plan.num_padding_tokens, 0, 0, 0, 0
         fresh = []
         for chunk in plan.chunks:
             n = len(chunk.token_ids)
             tokens += n
-            rows += chunk.sampling is not None
-            if chunk.num_cached:
-                context += chunk.num_cached
-                pairs += chunk.num_cached * n
+            if chunk.sampling is not None:
+                rows += 1
+            cached = chunk.num_cached
+            if cached:
+                context += cached
+                pairs += cached * n
+                if n == 1:
+                    decodes += 1
             else:
                 fresh.append(n)
-            decodes += n == 1 and chunk.num_cached > 0
         return cls(tokens, rows, context, pairs, tuple(fresh), decodes,
                    len(plan.chunks) - decodes, len(plan.swap_out) + len(plan.swap_in))
 
