@@ -3,7 +3,9 @@
 - Gateway (control_plane/gateway.py `_send_attempt`): each arrival is routed by the REAL
   `Router` (route policy, conditional disaggregation) over a REAL `InstanceRegistry`, and
   `note_sent` counts it until the target's next report. A request an instance refuses (it
-  flipped meanwhile) is routed again without that instance, at most `max_recoveries` times.
+  flipped meanwhile), or a draining decode instance hands back, is recovered as
+  `Gateway._recover` does: routed again without the attempt's prefill and decode instances
+  (anywhere when only they can take it), at most `max_recoveries` times.
 - Monitor (control_plane/monitor.py, one tick per `broadcast_interval_s`): every instance
   reports (`InstanceStats`, as the worker builds them), the ready decode instances go to the
   prefill instances as a `ClusterView` (PeerInfo by the real `decode_peer`), and the REAL
@@ -88,6 +90,8 @@ class Trace:
     finish: float | None = None
     error: str | None = None
     recoveries: int = 0
+    # The current attempt's entry instance (RequestHandle.prefill_instance): a recovery avoids it
+    prefill_instance: str = ""
 
 
 class SimCluster:
@@ -173,38 +177,51 @@ class SimCluster:
         if index + 1 < len(self.requests):  # one arrival event in the heap at a time
             self.loop.at(self.requests[index + 1].arrival_s, self._arrive, index + 1)
         self.traces[request.request_id] = Trace(request)
-        self._route(request, request.prompt_ids(index), frozenset())
+        if not self._route(request, request.prompt_ids(index)):
+            self.fail(request.request_id, "no instance can take the request")
 
-    def _route(self, request: SimRequest, prompt_ids: list[int], exclude: frozenset) -> None:
-        """Gateway._send_attempt."""
+    def _route(self, request: SimRequest, prompt_ids: list[int],
+               exclude: frozenset = frozenset()) -> bool:
+        """Gateway._send_attempt: False when no instance can take the request."""
         route = self.router.choose(prompt_ids, set(exclude))
         if route is None:
-            self.fail(request.request_id, "no instance can take the request")
-            return
+            return False
+        target = route.target.stats.instance_id
+        self.traces[request.request_id].prefill_instance = target
         self.registry.note_sent(route.target, len(prompt_ids))
-        self.send(route.target.stats.instance_id, "generate",
-                  (request, prompt_ids, route.local_prefill))
+        self.send(target, "generate", (request, prompt_ids, route.local_prefill))
+        return True
 
     def refused(self, inst: SimInstance, payload: tuple) -> None:
-        """An instance could not take a request (it flipped): route it again elsewhere."""
+        """An instance could not take a request (it flipped): its recoverable error reaches the
+        gateway before any decode instance held the attempt, so only the attempt's target (the
+        trace's prefill instance, `inst`) is avoided."""
         request, prompt_ids, _ = payload
-        trace = self.traces[request.request_id]
-        trace.recoveries += 1
-        if trace.recoveries > self.layout.gateway.max_recoveries:
-            self.fail(request.request_id, f"refused by {inst.instance_id}")
-            return
-        self._route(request, prompt_ids, frozenset({inst.instance_id}))
+        self._recover(self.traces[request.request_id], prompt_ids, "",
+                      f"refused by {inst.instance_id}")
 
     def migrate(self, inst: SimInstance, seq: Sequence) -> None:
-        """Gateway._recover for a sequence a draining decode instance hands back (flip_drain
-        migrate): routed again from its prompt and generated tokens, without that instance."""
-        trace = self.traces[seq.seq_id]
-        trace.recoveries += 1
+        """A sequence a draining decode instance hands back (flip_drain migrate): recovered
+        from its prompt and generated tokens, avoiding that instance and the attempt's prefill
+        instance."""
         self.migrations += 1
-        if trace.recoveries > self.layout.gateway.max_recoveries:
-            self.fail(seq.seq_id, f"migrated from {inst.instance_id} too often")
+        self._recover(self.traces[seq.seq_id], list(seq.token_ids), inst.instance_id,
+                      f"migrated from {inst.instance_id}")
+
+    def _recover(self, trace: Trace, token_ids: list[int], decode_instance: str,
+                 error: str) -> None:
+        """Gateway._recover: not after max_recoveries nor once the output reached max_tokens;
+        else routed without the attempt's instances, then (only they can take it) anywhere."""
+        request = trace.request
+        if trace.recoveries >= self.layout.gateway.max_recoveries \
+                or len(trace.token_times) >= request.max_tokens:
+            self.fail(request.request_id, error)
             return
-        self._route(trace.request, list(seq.token_ids), frozenset({inst.instance_id}))
+        old = frozenset({trace.prefill_instance, decode_instance} - {""})
+        trace.recoveries += 1
+        if not self._route(request, token_ids, old) and not self._route(request, token_ids):
+            trace.recoveries -= 1
+            self.fail(request.request_id, error)
 
     def send(self, instance_id: str, kind: str, payload) -> None:
         target = self.instances[instance_id]
