@@ -73,17 +73,19 @@ class PendingPlacements:
     def see(self, decodes: list[PeerInfo]) -> list[PeerInfo]:
         """Take a view's decode instances; returns them, each as its newest report."""
         listed: dict[str, PeerInfo] = {}
-        for peer in decodes:
-            old = self.latest.get(peer.instance_id)
+        latest, pending = self.latest, self.pending
+        for peer in decodes:  # once per view per decode instance: kept lean
+            name = peer.instance_id
+            old = latest.get(name)
             if old is not None and old.report_time > peer.report_time:
                 peer = old
-            listed[peer.instance_id] = peer
-            mine = self.pending.get(peer.instance_id)
+            listed[name] = peer
+            mine = pending.get(name)
             if mine:  # most views find nothing of ours unreported on most instances
                 seen = peer.offers_seen.get(self.instance_id, 0)
                 for request_id in [r for r, p in mine.items() if p.number <= seen]:
                     del mine[request_id]
-        for gone in (set(self.pending) | set(self.latest)) - set(listed):
+        for gone in [k for k in (*pending, *latest) if k not in listed]:
             self.forget(gone)
         self.latest = listed
         return list(listed.values())
@@ -95,9 +97,9 @@ class PendingPlacements:
 
     def adjusted(self, peer: PeerInfo) -> PeerInfo:
         """`peer` as it will report once our unreported placements on it arrive."""
-        num, heavy, blocks = self.counts(peer.instance_id)
-        if not num:
+        if not self.pending.get(peer.instance_id):  # the common case: a dispatch sees every peer
             return peer
+        num, heavy, blocks = self.counts(peer.instance_id)
         return msgspec.structs.replace(
             peer, num_free_blocks=max(peer.num_free_blocks - blocks, 0),
             num_running=peer.num_running + num, num_heavy=peer.num_heavy + heavy,

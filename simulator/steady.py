@@ -12,11 +12,14 @@ until a message reaches the instance nothing else changes its scheduler or its p
 So a `Leap` plans up to `Layout.leap_steps` such forwards at once: which sequences are in each
 (from when each one's output ends), each forward's time from the cost model, and whether the
 pool holds every block the leap will grow. It schedules one event at the end instead of one per
-forward, and applies each forward's effects (`grow_step`, `absorb_step`: the same calls on the
-same objects, the scheduler's sequences, its `KVCacheManager`, its `_finish`,
-`Sequence.append_token`, `migrate`) in order once simulated time has passed it: when the
+forward, and applies the effects of every forward simulated time has passed (when the
 instance's load report is read, when the leap ends, or when a message arrives, which also cuts
-the leap short after the forward in flight, as the real loop reads its inbox after each forward.
+the leap short after the forward in flight, as the real loop reads its inbox after each forward)
+in one pass, `absorb_window`: each sequence's tokens appended at once (the last through
+`Sequence.append_token`), its token times as a slice of the leap's timeline, and the block
+pool's calls (`cache_computed`, the scheduler's `_finish`, `grow`) made in the order
+forward-by-forward absorption makes them, so the pool's free lists come out the same; the per-token
+work is a list extension, not a call per token per forward.
 Whenever the state is anything else (an admission, a preemption, a recompute, a swap) the real
 `schedule()` plans the forward. `Layout(steady_decode=False)` turns all of it off;
 tests/unit/simulator/test_steady.py runs whole simulations both ways and requires the same
@@ -25,6 +28,9 @@ traces and reports.
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from itertools import accumulate
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from common.plan import ForwardShape
@@ -92,42 +98,95 @@ def forwards_to_finish(seq: Sequence, length: int) -> int:
     return max(min(ends), done + 1) - done
 
 
-def absorb_step(role: SimDecode, batch: list[Sequence], when: float
-                ) -> tuple[list[Sequence], bool]:
-    """`DecodeScheduler.update_from_output` for one decode forward of `batch` ending at `when`,
-    then `SimDecode.absorb`'s reports; returns the sequences that finished, and whether some
-    sequence's next token may start a block (`grow_step` is due). Predictions are moved on by
-    `move_predictions`."""
-    scheduler, cluster = role.scheduler, role.cluster
+def absorb_window(leap: Leap, first: int, end: int) -> list[Sequence]:
+    """`DecodeScheduler.update_from_output` for forwards `first + 1` .. `end` of the leap (each
+    forward j holding the sequences not finished before it), then `SimDecode.absorb`'s reports,
+    and `make_chunk`'s growth for the forward after each one: a sequence's tokens are appended
+    at once, and the block pool's calls (hashing a block as it fills, freeing a finished
+    sequence's blocks, growing a table) are made in the order forward-by-forward absorption
+    makes them, so the pool's free lists end up the same. Returns the sequences that finished."""
+    role = leap.role
+    scheduler = role.scheduler
     kv = scheduler.kv
     if scheduler.swap is not None:
         scheduler.swap.release_deferred()
-    lengths, on_token = cluster.output_lengths, cluster.on_token_at
-    hashes = kv._hashes if kv.prefix_caching else None
-    capacity = kv.block_size
-    finished, grows = [], False
-    for seq in batch:
-        token_ids = seq.token_ids
-        num_computed = len(token_ids)
-        seq.num_computed_tokens = num_computed
-        # cache_computed acts only when a full block has no hash yet; skip the call otherwise
-        if hashes is not None and len(hashes.get(seq.seq_id, ())) < num_computed // capacity:
-            kv.cache_computed(seq.seq_id, token_ids, num_computed)
-        if num_computed % capacity == 0:  # its next token starts a block (grow_step checks)
-            grows = True
-        num_output = num_computed - seq.num_prompt_tokens
-        seq.append_token(EOS_TOKEN if num_output + 1 >= lengths[seq.seq_id] else FILLER_TOKEN)
-        if seq.status >= FINISHED:
-            reason = seq.finish_reason
-            on_token(seq.seq_id, reason, when)
+    calls: list[tuple] = []
+    finished = []
+    for index, (seq, finish) in enumerate(zip(leap.batch, leap.finish, strict=True)):
+        last = min(finish, end) if finish else end
+        start = len(seq.token_ids)  # its tokens before forward first + 1 (one of them uncomputed)
+        _append_tokens(seq, last - first, leap.inst.cluster.output_lengths[seq.seq_id])
+        done = seq.status >= FINISHED
+        if finish and done != (finish == last):
+            raise AssertionError(f"the leap mispredicted when {seq.seq_id} finishes")
+        _pool_calls(calls, kv, seq, index, start, first, last, done,
+                    min(last, leap.num_steps - 1))
+        _trace(leap.inst.cluster, seq, leap.times[first:last], done)
+        if done:
             finished.append(seq)
-            scheduler._finish(seq)
-            if reason in ("stop", "length"):
-                heavy = role.prediction.is_heavy(seq.meta.first_prediction)
-                role.finished["heavy" if heavy else "light"] += 1
+            calls.append((last, 0, index, 1, seq, 0))
+    calls.sort(key=itemgetter(0, 1, 2, 3))  # forward, phase, batch position, kind
+    for _, _, _, kind, seq, num_tokens in calls:
+        if kind == 0:
+            kv.cache_computed(seq.seq_id, seq.token_ids, num_tokens)
+        elif kind == 1:
+            _finished(role, seq)
         else:
-            on_token(seq.seq_id, None, when)
-    return finished, grows
+            kv.grow(seq.seq_id, num_tokens)
+    return finished
+
+
+def _append_tokens(seq: Sequence, count: int, length: int) -> None:
+    """`count` decode tokens as `SimInstance.sampled` gives them (a filler token before the
+    request's `length`-th output token, EOS from there on); the last through
+    `Sequence.append_token`, which applies the stop rules (the leap has predicted that no earlier
+    one stops it)."""
+    token_ids = seq.token_ids
+    first_output = len(token_ids) - seq.num_prompt_tokens
+    fillers = min(count, max(0, length - 1 - first_output))
+    tokens = [FILLER_TOKEN] * fillers + [EOS_TOKEN] * (count - fillers)
+    token_ids.extend(tokens[:-1])
+    seq.num_computed_tokens = len(token_ids)
+    seq.append_token(tokens[-1])
+
+
+def _pool_calls(calls: list, kv, seq: Sequence, index: int, start: int, first: int, last: int,
+                done: bool, grow_until: int) -> None:
+    """The block pool's calls for one sequence over forwards first + 1 .. last, keyed (forward,
+    phase, batch position, kind): in forward j the sequence has start + j - first - 1 computed
+    tokens; a block it fills is hashed (phase 0, as `update_from_output` does), and after
+    forward j <= grow_until its next token may need a new block (phase 1, `make_chunk`)."""
+    size = kv.block_size
+    if kv.prefix_caching:
+        held = len(kv._hashes.get(seq.seq_id, ()))
+        computed = start
+        while computed < start + last - first:
+            if held < computed // size:
+                calls.append((computed - start + first + 1, 0, index, 0, seq, computed))
+                held = computed // size
+            computed = (computed // size + 1) * size
+    covered = len(kv._tables.get(seq.seq_id, ())) * size
+    end = start + min(last if not done else last - 1, grow_until) - first
+    for computed in range(max(covered, start), end, size):
+        calls.append((computed - start + first + 1, 1, index, 2, seq, computed + 1))
+
+
+def _trace(cluster, seq: Sequence, times: list[float], done: bool) -> None:
+    """`SimCluster.on_token_at` for each of the sequence's tokens."""
+    trace = cluster.traces[seq.seq_id]
+    if not trace.token_times:
+        cluster.recent_ttfts.append(times[0] - trace.request.arrival_s)
+    trace.token_times.extend(times)
+    if done:
+        trace.finish = times[-1]
+        cluster.outstanding -= 1
+
+
+def _finished(role: SimDecode, seq: Sequence) -> None:
+    role.scheduler._finish(seq)
+    if seq.finish_reason in ("stop", "length"):
+        heavy = role.prediction.is_heavy(seq.meta.first_prediction)
+        role.finished["heavy" if heavy else "light"] += 1
 
 
 def move_predictions(scheduler: DecodeScheduler) -> None:
@@ -152,13 +211,11 @@ class Leap:
         predicted = min(finish) > 0
         # An offer waiting for admission is retried after every forward (SimDecode.poll)
         steps = min(max_steps, max(finish)) if predicted and not self.role.pending else 1
-        self.ends: dict[int, list[str]] = {}  # forward -> the sequences it finishes, in order
-        for seq, f in zip(batch, finish, strict=True):
-            if predicted:
-                self.ends.setdefault(f, []).append(seq.seq_id)
+        # the forward (from 1) each sequence finishes in; 0 when not predicted (one forward)
+        self.finish = finish if predicted else [0] * len(batch)
         self.num_steps = self._fits(batch, finish, steps)
-        self.times, self.seconds, self.contexts = self._timeline(batch, finish, context,
-                                                                 inst.loop.now)
+        self.times, self.seconds, self.contexts, self.actives = self._timeline(
+            batch, self.finish, context, inst.loop.now)
         self.done = 0  # forwards absorbed so far
         self.ticket = 0  # which scheduled end event is the live one
 
@@ -176,27 +233,36 @@ class Leap:
             steps //= 2
         return max(steps, 1)
 
-    def _timeline(self, batch, finish, context: int, now: float) -> tuple[list, list]:
-        """Each forward's end time and seconds: forward j (from 1) holds the sequences not
-        finished before it, each after its tokens so far."""
-        ending: dict[int, int] = {}
+    def _timeline(self, batch, finish, context: int, now: float) -> tuple[list, ...]:
+        """Each forward's end time, seconds, context and batch size: forward j (from 1) holds
+        the sequences not finished before it, each after its tokens so far. Between two
+        finishes the batch is constant and its context grows by the batch each forward; the
+        arithmetic is `CostModel.decode_s`'s and the loop clock's, term by term in the same
+        order (so the same floats as forward by forward)."""
+        leaving: dict[int, list[int]] = {}  # forward -> (sequences, tokens) it finishes
         for seq, f in zip(batch, finish, strict=True):
-            ending[f] = ending.get(f, 0) + len(seq.token_ids)
-        counts: dict[int, int] = {}
-        for f in finish:
-            counts[f] = counts.get(f, 0) + 1
-        active, tokens = len(batch), context + len(batch)  # tokens: sum of num_tokens
-        times, seconds, contexts, clock = [], [], [], now
+            if f:
+                entry = leaving.setdefault(f, [0, 0])
+                entry[0] += 1
+                entry[1] += len(seq.token_ids)
+        costs = self.inst.costs
+        per_token, per_pair = costs.per_context_token_s, costs.per_context_pair_s
+        seconds, contexts, actives = [], [], []
+        active, tokens, step = len(batch), context + len(batch), 1  # tokens: sum of num_tokens
+        for stop in sorted([f for f in leaving if f < self.num_steps]) + [self.num_steps]:
+            rows = costs.decode_s(active, 0)
+            first = tokens - active + (step - 1) * active
+            span = range(first, first + (stop - step + 1) * active, active)
+            contexts.extend(span)
+            seconds.extend([rows + per_token * c + per_pair * c for c in span])
+            actives.extend([active] * len(span))
+            gone = leaving.get(stop)
+            if gone:
+                active, tokens = active - gone[0], tokens - gone[1]
+            step = stop + 1
         overhead = self.inst.cluster.layout.turn_overhead_s  # the loop's own work per forward
-        for j in range(1, self.num_steps + 1):
-            contexts.append(tokens - active + (j - 1) * active)
-            dt = self.inst.costs.decode_s(active, contexts[-1])
-            clock += dt + overhead
-            times.append(clock)
-            seconds.append(dt)
-            active -= counts.get(j, 0)
-            tokens -= ending.get(j, 0)
-        return times, seconds, contexts
+        times = list(accumulate([dt + overhead for dt in seconds], initial=now))[1:]
+        return times, seconds, contexts, actives
 
     @property
     def end(self) -> float:
@@ -205,28 +271,27 @@ class Leap:
     def catch_up(self, now: float) -> None:
         """Absorb every forward that has ended by `now`, and grow the blocks of the next one
         (planned when the one before it ended)."""
-        if self.done >= self.num_steps or self.times[self.done] > now:
+        first = self.done
+        if first >= self.num_steps or self.times[first] > now:
             return
-        inst, scheduler = self.inst, self.role.scheduler
-        while self.done < self.num_steps and self.times[self.done] <= now:
-            step = self.done
-            inst.busy_seconds += self.seconds[step]
-            inst.computed_tokens += len(self.batch)
-            inst.num_forwards += 1
-            if inst.forwards is not None:
-                inst.forwards.append((ForwardShape.decode_step(len(self.batch),
-                                                               self.contexts[step]),
-                                      self.seconds[step]))
-            finished, grows = absorb_step(self.role, self.batch, self.times[step])
-            self.done += 1
-            if self.ends and [s.seq_id for s in finished] != self.ends.get(self.done, []):
-                raise AssertionError(f"the leap mispredicted which sequences forward "
-                                     f"{self.done} finishes")
-            if finished:
-                self.batch = [s for s in self.batch if not s.is_finished]
-            if self.done < self.num_steps and grows:
-                grow_step(scheduler, self.batch)
-        move_predictions(scheduler)
+        end = bisect_right(self.times, now, first, self.num_steps)
+        inst = self.inst
+        busy = inst.busy_seconds
+        for seconds in self.seconds[first:end]:  # summed forward by forward, as the loop does
+            busy += seconds
+        inst.busy_seconds = busy
+        inst.computed_tokens += sum(self.actives[first:end])
+        inst.num_forwards += end - first
+        if inst.forwards is not None:
+            inst.forwards.extend((ForwardShape.decode_step(self.actives[j], self.contexts[j]),
+                                  self.seconds[j]) for j in range(first, end))
+        finished = absorb_window(self, first, end)
+        self.done = end
+        if finished:
+            keep = [not s.is_finished for s in self.batch]
+            self.batch = [s for s, k in zip(self.batch, keep, strict=True) if k]
+            self.finish = [f for f, k in zip(self.finish, keep, strict=True) if k]
+        move_predictions(self.role.scheduler)
 
     def cut(self, now: float) -> None:
         """A message arrived: the forward in flight is the last one."""

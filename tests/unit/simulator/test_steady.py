@@ -64,6 +64,9 @@ def fingerprint(cluster: SimCluster) -> dict:
         "preemptions": [i.role.scheduler.num_preemptions for i in decodes],
         "busy": [(i.instance_id, i.busy_seconds, i.num_forwards, i.computed_tokens)
                  for i in cluster.instances.values()],
+        # the order blocks went back to the pool: any change in the order of its calls shows
+        "free_lists": [(list(i.kv.pool._free), list(i.kv.pool._free_cached))
+                       for i in cluster.instances.values()],
     }
 
 
@@ -72,8 +75,8 @@ def fingerprint(cluster: SimCluster) -> dict:
 def test_the_fast_path_gives_the_same_run(name, leap_steps, monkeypatch):
     from simulator import steady
     forwards = []
-    real = steady.absorb_step
-    monkeypatch.setattr(steady, "absorb_step", lambda *a: (forwards.append(1), real(*a))[1])
+    real = steady.absorb_window
+    monkeypatch.setattr(steady, "absorb_window", lambda *a: (forwards.append(1), real(*a))[1])
     fast = run(CASES[name], True, leap_steps=leap_steps)
     assert forwards, "the fast path never ran: the comparison proves nothing"
     slow = run(CASES[name], False)
