@@ -50,6 +50,13 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
                      help="the serving stack's own latency per request beyond the forwards "
                           "(HTTP, tokenization, routing, the first token's way back; "
                           "simulator.request_path measures it)")
+    sim.add_argument("--wake", type=float, default=0.0, metavar="SECONDS",
+                     help="extra time of a forward that starts when its instance had nothing "
+                          "to do (threads and caches waking up; simulator.calibrate measures it "
+                          "from a forward log)")
+    sim.add_argument("--handoff", type=float, default=0.0, metavar="SECONDS",
+                     help="the KV hand-off's own time beyond the link, added to every transfer "
+                          "(simulator.request_path.handoff reads it off forward logs)")
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",

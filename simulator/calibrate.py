@@ -16,7 +16,10 @@ run's forward log (`common.engine.forward_log`) holds each forward's shape and m
 so k is measured seconds over the model's seconds for the same shapes, and the instance loop's
 own work per forward (its turns less its forwards) is read off the same lines, and the request
 path's latency from the probes before its load (`simulator.request_path`); the simulation then
-charges all three (`CostModel.scaled`, `Layout.turn_overhead_s`, `Layout.request_latency_s`). `calibrate_case` runs the
+charges them (`CostModel.scaled`, `Layout.turn_overhead_s`, `Layout.request_latency_s`), with
+the extra time of a forward its instance woke up for (`Layout.wake_s`: forwards after the
+loop waited for work ran longer than their shape's price) and the KV hand-off's time beyond the
+link (`Layout.handoff_s`, `simulator.request_path.handoff`). `calibrate_case` runs the
 held-out case for either mode (`python -m simulator.validate --calibration-seed N
 --calibration forwards|latencies`). `own_speed` applies `from_forwards` to a case's own run
 instead (not held out): a diagnostic of what the simulated loop gets wrong once the speed the
@@ -31,7 +34,11 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from common.engine.forward_log import WAITED_S as WAIT_S
 from simulator.costs import CostModel
+
+# What a calibration charges beside the scaled cost model: Layout fields
+CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "handoff_s")
 
 # the metrics k is fitted to (paths in bench's summary)
 CALIBRATION_METRICS = (("ttft_s", "mean"), ("tpot_s", "mean"), ("jct_s", "mean"))
@@ -80,28 +87,48 @@ def per_row_fit(lines: list[dict], costs: CostModel) -> tuple[float, float]:
 def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) -> dict:
     """k = measured / modelled seconds over a forward log's decode steps (each priced at its own
     shape), the same ratio over its forwards that carry a prompt chunk (`prompt_factor`: a
-    1-thread prefill instance slowed 26-33% in service where decode steps did not), and the
-    loop's mean seconds per forward beyond the forward. A kind the log lacks takes the other's
-    ratio."""
+    1-thread prefill instance slowed 26-33% in service where decode steps did not), the loop's
+    mean seconds per forward beyond the forward, and the wake-up (`Layout.wake_s`): how much
+    longer than k x its price a forward ran when the loop had waited for work before it. The
+    ratios come from the forwards that followed another without a wait (all of a kind when none
+    did); a kind the log lacks takes the other's ratio."""
     if not lines:
         raise ValueError("the held-out run's forward log has no forward in its load window")
     priced = [(line, costs.shape_s(line["shape"])) for line in lines]
-    ratios = {}
-    for kind in ("decode", "prompt"):
-        chosen = [(line, model) for line, model in priced
-                  if (line["shape"].kind == "decode") == (kind == "decode")]
-        modelled = sum(model for _, model in chosen)
-        ratios[kind] = sum(line["forward_s"] for line, _ in chosen) / modelled if modelled else None
+    woke = [(line, model) for line, model in priced if line.get("gap_s", 0.0) > WAIT_S]
+    ratios = kind_ratios([(line, model) for line, model in priced
+                          if line.get("gap_s", 0.0) <= WAIT_S], priced)
+    factor = ratios["decode"] or ratios["prompt"]
+    prompt_factor = ratios["prompt"] or ratios["decode"]
+    wake = sum(line["forward_s"] - model * (factor if line["shape"].kind == "decode"
+                                            else prompt_factor)
+               for line, model in woke) / len(woke) if woke else 0.0
     measured = sum(line["forward_s"] for line in lines)
     modelled = sum(model for _, model in priced)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
-    result = {"factor": ratios["decode"] or ratios["prompt"],
-              "prompt_factor": ratios["prompt"] or ratios["decode"],
+    result = {"factor": factor, "prompt_factor": prompt_factor,
               "overall_factor": measured / modelled, "turn_overhead_s": overhead,
+              "wake_s": max(wake, 0.0), "woke_forwards": len(woke),
               "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
     if per_row:  # mode "forwards-rows"
         result["factor"], result["per_row_s"] = per_row_fit(lines, costs)
     return result
+
+
+def kind_ratios(chosen: list[tuple[dict, float]], every: list[tuple[dict, float]]) -> dict:
+    """Measured / modelled seconds of the decode steps and of the prompt-carrying forwards among
+    `chosen` (of `every` where `chosen` has none of that kind; None where neither has)."""
+    ratios = {}
+    for kind in ("decode", "prompt"):
+        for pairs in (chosen, every):
+            of_kind = [(line, model) for line, model in pairs
+                       if (line["shape"].kind == "decode") == (kind == "decode")]
+            if of_kind:
+                break
+        modelled = sum(model for _, model in of_kind)
+        measured = sum(line["forward_s"] for line, _ in of_kind)
+        ratios[kind] = measured / modelled if modelled else None
+    return ratios
 
 
 def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
@@ -123,14 +150,14 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     lines = case_lines(real)
     if mode in ("forwards", "forwards-rows"):
         result.update(from_forwards(lines or [], costs, mode == "forwards-rows"),
-                      request_latency_s=path_latency(real))
+                      **path_charges(real))
     elif mode == "latencies":
         result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
             case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
     else:
         raise ValueError(f"unknown calibration mode {mode!r}: forwards or latencies")
     fitted = v.simulated_run(case, requests, arrivals, scaled(costs, result), cache_dir,
-                             result["turn_overhead_s"], result.get("request_latency_s") or 0.0)
+                             charges(result))
     result["errors_at_factor"] = v.errors(real["summary"], fitted["summary"])
     result["forward_classes"] = forward_classes(lines, fitted.pop("forwards"), costs)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,10 +176,9 @@ def own_speed(case, requests: list, arrivals: list[float], real: dict, lines: li
 
     if lines is None:
         return None
-    speed = from_forwards(lines, costs)
-    speed["request_latency_s"] = path_latency(real)
+    speed = {**from_forwards(lines, costs), **path_charges(real)}
     replay = v.simulated_run(case, requests, arrivals, scaled(costs, speed), cache_dir,
-                             speed["turn_overhead_s"], speed["request_latency_s"] or 0.0)
+                             charges(speed))
     return {**speed, "errors": v.errors(real["summary"], replay["summary"])}
 
 
@@ -165,12 +191,24 @@ def scaled(costs: CostModel, calibration: dict) -> CostModel:
         else model
 
 
-def path_latency(real: dict) -> float | None:
-    """simulator.request_path.latency of a real run (None when it had no probe)."""
-    from simulator.request_path import latency
+def charges(calibration: dict) -> dict:
+    """The Layout fields a calibration sets beside the cost model (what it did not measure: 0)."""
+    return {name: calibration.get(name) or 0.0 for name in CHARGES}
+
+
+def path_charges(real: dict) -> dict:
+    """The request path's latency (simulator.request_path: None when the run had no probe) and
+    the KV hand-off's (None for a run without a log, or without a hand-off to read)."""
+    from common.engine.forward_log import read
+    from simulator.request_path import handoff, latency
 
     probe = real.get("path_probe")
-    return latency(probe, log_lines(real, *probe["window"])) if probe else None
+    directory = Path(real.get("forward_log") or "")
+    logs = ({path.stem: read(path) for path in sorted(directory.glob("*.jsonl"))}
+            if real.get("load_window") and directory.is_dir() else {})
+    return {"request_latency_s": (latency(probe, log_lines(real, *probe["window"]))
+                                  if probe else None),
+            "handoff_s": handoff(logs, real["load_window"]) if logs else None}
 
 
 def case_lines(real: dict) -> list[dict] | None:

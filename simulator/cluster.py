@@ -59,6 +59,13 @@ class Layout:
     # An instance loop's own work per forward (messages, scheduling, streaming, reports), after
     # each forward and before its tokens count; 0: the loop costs nothing beside the forwards
     turn_overhead_s: float = 0.0
+    # A forward that starts when the instance had nothing to do takes this much longer (its
+    # threads and caches wake up: measured from forward logs, simulator.calibrate); 0: none
+    wake_s: float = 0.0
+    # The KV hand-off's own time beyond the link (the offer, the admission, the read served
+    # beside the prefill instance's forwards, the sequence joining the decode loop:
+    # simulator.request_path.handoff), added to every transfer; 0: the link alone
+    handoff_s: float = 0.0
     drain_limit_s: float = 3600.0  # after the last arrival, stop and count the rest unfinished
     # Step a decode instance's steady batch without planning it (simulator/steady.py): the same
     # result, several times faster; False plans every forward with the scheduler.
@@ -71,8 +78,9 @@ class Layout:
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
-        if min(self.turn_overhead_s, self.request_latency_s, self.message_latency_s) < 0:
-            raise ConfigError("the turn overhead and the latencies must be >= 0")
+        if min(self.turn_overhead_s, self.request_latency_s, self.message_latency_s,
+               self.wake_s, self.handoff_s) < 0:
+            raise ConfigError("the turn overhead, the wake-up and the latencies must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
         if self.leap_steps < 1:
@@ -239,7 +247,7 @@ class SimCluster:
         start = max(now, inst.link_free_at)
         inst.link_free_at = start + num_tokens * self.kv_bytes_per_token \
             * self.link.occupancy_per_byte
-        done = inst.link_free_at + self.link.latency_s
+        done = inst.link_free_at + self.link.latency_s + self.layout.handoff_s
         self.transfer["count"] += 1
         self.transfer["tokens"] += num_tokens
         self.transfer["link_seconds"] += done - start

@@ -39,6 +39,7 @@ class SimInstance:
         self.max_model_len = cluster.max_model_len
         self.inbox: deque[tuple[str, object]] = deque()
         self.busy = False  # a forward (or a role switch) is in flight
+        self.idle = True  # the last turn found nothing to do: the next forward wakes it up
         self._turn_due = False
         self.busy_seconds = 0.0
         self.computed_tokens = 0
@@ -74,20 +75,26 @@ class SimInstance:
         if self.steady_decode and self.role.name == "decode":
             step = steady.steady_batch(self.role.scheduler)
             if step is not None:
-                self.leap = steady.Leap(self, *step, self.cluster.layout.leap_steps)
+                self.leap = steady.Leap(self, *step, self.cluster.layout.leap_steps,
+                                        self._wake_s())
                 self.busy = True
                 self.loop.at(self.leap.end, self._leap_done, self.leap, 0)
                 return
         plan = self.role.schedule()
         if plan.is_empty:
-            self.busy = False
+            self.busy, self.idle = False, True
             if self.flip_target and self.role.is_drained:
                 self._switch()
             return
-        seconds = self.costs.forward_s(plan, self.kv.block_size)
+        seconds = self.costs.forward_s(plan, self.kv.block_size) + self._wake_s()
         self.busy = True
         self.loop.after(seconds + self.cluster.layout.turn_overhead_s, self._forward_done, plan,
                         seconds)
+
+    def _wake_s(self) -> float:
+        """`Layout.wake_s` for the first forward after the instance had nothing to do."""
+        woke, self.idle = self.idle, False
+        return self.cluster.layout.wake_s if woke else 0.0
 
     def _forward_done(self, plan: BatchPlan, seconds: float) -> None:
         self.busy_seconds += seconds

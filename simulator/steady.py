@@ -203,7 +203,7 @@ class Leap:
     blocks were grown by `steady_batch`."""
 
     def __init__(self, inst: SimInstance, batch: list[Sequence], context: int,
-                 max_steps: int) -> None:
+                 max_steps: int, wake_s: float = 0.0) -> None:
         self.inst, self.role = inst, inst.role
         self.batch = batch
         lengths = inst.cluster.output_lengths
@@ -215,7 +215,7 @@ class Leap:
         self.finish = finish if predicted else [0] * len(batch)
         self.num_steps = self._fits(batch, finish, steps)
         self.times, self.seconds, self.contexts, self.actives = self._timeline(
-            batch, self.finish, context, inst.loop.now)
+            batch, self.finish, context, inst.loop.now, wake_s)
         self.done = 0  # forwards absorbed so far
         self.ticket = 0  # which scheduled end event is the live one
 
@@ -233,12 +233,14 @@ class Leap:
             steps //= 2
         return max(steps, 1)
 
-    def _timeline(self, batch, finish, context: int, now: float) -> tuple[list, ...]:
+    def _timeline(self, batch, finish, context: int, now: float,
+                  wake_s: float) -> tuple[list, ...]:
         """Each forward's end time, seconds, context and batch size: forward j (from 1) holds
-        the sequences not finished before it, each after its tokens so far. Between two
-        finishes the batch is constant and its context grows by the batch each forward; the
-        arithmetic is `CostModel.decode_s`'s and the loop clock's, term by term in the same
-        order (so the same floats as forward by forward)."""
+        the sequences not finished before it, each after its tokens so far; the first takes
+        `wake_s` more (`SimInstance._wake_s`). Between two finishes the batch is constant and
+        its context grows by the batch each forward; the arithmetic is `CostModel.decode_s`'s
+        and the loop clock's, term by term in the same order (so the same floats as forward by
+        forward)."""
         leaving: dict[int, list[int]] = {}  # forward -> (sequences, tokens) it finishes
         for seq, f in zip(batch, finish, strict=True):
             if f:
@@ -260,6 +262,8 @@ class Leap:
             if gone:
                 active, tokens = active - gone[0], tokens - gone[1]
             step = stop + 1
+        if wake_s:
+            seconds[0] += wake_s
         overhead = self.inst.cluster.layout.turn_overhead_s  # the loop's own work per forward
         times = list(accumulate([dt + overhead for dt in seconds], initial=now))[1:]
         return times, seconds, contexts, actives

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
-from simulator.calibrate import calibrate_case, case_lines, own_speed, scaled
+from simulator.calibrate import calibrate_case, case_lines, charges, own_speed, scaled
 from simulator.costs import CostModel
 from simulator import request_path
 from simulator.fit import fit_profile
@@ -200,15 +200,14 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
 
 
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
-                  cache_dir: str, turn_overhead_s: float = 0.0,
-                  request_latency_s: float = 0.0) -> dict:
-    """The same flags through `splitserve simulate`'s parser, the same requests."""
+                  cache_dir: str, charges: dict | None = None) -> dict:
+    """The same flags through `splitserve simulate`'s parser, the same requests; `charges`:
+    Layout fields a calibration sets (simulator.calibrate.CHARGES)."""
     from simulator.run import report, run_cluster
     from simulator.workload import from_bench
 
     layout = replace(flags_layout(list(LAYOUTS[case.layout][0]), cache_dir),
-                     turn_overhead_s=turn_overhead_s, request_latency_s=request_latency_s,
-                     record_forwards=True)
+                     **(charges or {}), record_forwards=True)
     cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
     traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
     per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
@@ -284,8 +283,8 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
         overhead = (calibration or {}).get("turn_overhead_s", 0.0)
     else:
         overhead = float(turn_overhead)
-    simulated = simulated_run(case, requests, arrivals, costs, cache_dir, overhead,
-                              (calibration or {}).get("request_latency_s") or 0.0)
+    simulated = simulated_run(case, requests, arrivals, costs, cache_dir,
+                              {**charges(calibration or {}), "turn_overhead_s": overhead})
     lines = case_lines(real)  # its forward log, read once for the diagnostics below
     if calibration is not None:  # what the profile alone gave, beside the calibrated errors
         calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (

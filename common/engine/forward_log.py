@@ -6,11 +6,15 @@ forward_log_dir` is set: a diagnostic, written to `<dir>/<instance id>.jsonl`.""
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from common.plan import BatchPlan, ForwardShape
+
+
+WAITED_S = 0.001  # a longer gap before a turn (`gap_s`): the loop had waited for work
 
 
 class ForwardLog:
@@ -36,13 +40,17 @@ class ForwardLog:
 
 def read(path: str | Path, start: float = 0.0, end: float = float("inf")) -> list[dict]:
     """The lines of a forward log whose forward ended within [start, end] (wall clock); each
-    with its `shape` rebuilt."""
-    lines = []
+    with its `shape` rebuilt and `gap_s`: the time between the loop's previous forward and this
+    turn's start (near zero while it has work; its wait for work otherwise; inf for the first)."""
+    lines, previous = [], None
     for text in Path(path).read_text(encoding="utf-8").splitlines():
         line = json.loads(text)
+        began = line["time"] - line["turn_s"]
+        gap = math.inf if previous is None else began - previous
+        previous = line["time"]
         if start <= line["time"] <= end:
             fields = {k: line.pop(k) for k in list(line) if k not in ("time", "forward_s",
                                                                       "turn_s")}
             fields["fresh"] = tuple(fields["fresh"])
-            lines.append({**line, "shape": ForwardShape(**fields)})
+            lines.append({**line, "gap_s": gap, "shape": ForwardShape(**fields)})
     return lines

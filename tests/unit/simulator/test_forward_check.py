@@ -53,6 +53,9 @@ def test_the_forward_log_round_trips_and_cuts_to_a_window(tmp_path, monkeypatch)
     assert [line["time"] for line in lines] == [200.0, 300.0]
     assert lines[0]["shape"] == mixed_plan().shape()
     assert (lines[0]["forward_s"], lines[0]["turn_s"]) == (0.5, 0.6)
+    # the gap before each turn counts from the forward before it, in the window or not
+    assert [line["gap_s"] for line in lines] == pytest.approx([100.0 - 0.6] * 2)
+    assert read(tmp_path / "logs" / "coupled-0.jsonl")[0]["gap_s"] == float("inf")
 
 
 @pytest.mark.parametrize("shape,name", [
@@ -117,6 +120,27 @@ def test_the_forwards_calibration_measures_k_and_the_loop_work_from_the_log():
         from_forwards([], COSTS)
 
 
+def test_forwards_after_a_wait_for_work_measure_the_wake_up_not_k():
+    """A forward the loop waited for ran longer than its shape's price (threads and caches
+    waking up): that excess is `wake_s`, and k comes from the forwards that followed another."""
+    from simulator.calibrate import from_forwards
+    step, prompt = ForwardShape.decode_step(2, 100), BatchPlan([chunk("c", 40, 0)]).shape()
+    busy = [{"shape": shape, "forward_s": 1.2 * COSTS.shape_s(shape), "turn_s": 1.0,
+             "gap_s": 0.0001} for shape in (step, step, prompt)]
+    woke = [{"shape": step, "forward_s": 1.2 * COSTS.shape_s(step) + 0.004, "turn_s": 1.0,
+             "gap_s": 2.5},
+            {"shape": prompt, "forward_s": 1.2 * COSTS.shape_s(prompt) + 0.008, "turn_s": 1.0,
+             "gap_s": float("inf")}]  # an instance's first forward
+    measured = from_forwards(busy + woke, COSTS)
+    assert measured["factor"] == pytest.approx(1.2)
+    assert measured["prompt_factor"] == pytest.approx(1.2)
+    assert measured["wake_s"] == pytest.approx(0.006) and measured["woke_forwards"] == 2
+    assert from_forwards(busy, COSTS)["wake_s"] == 0.0
+    only_woke = from_forwards(woke[:1], COSTS)  # no forward without a wait: k from all of them
+    assert only_woke["factor"] == pytest.approx(1.2 + 0.004 / COSTS.shape_s(step))
+    assert only_woke["wake_s"] == pytest.approx(0.0)
+
+
 def test_the_request_path_is_the_probes_ttft_less_their_prompt_forwards():
     from simulator.request_path import latency
     prompt, step = BatchPlan([chunk("c", 12, 0)]).shape(), ForwardShape.decode_step(3, 90)
@@ -129,6 +153,25 @@ def test_the_request_path_is_the_probes_ttft_less_their_prompt_forwards():
     assert latency(None, lines) is None  # a run recorded before the probes
     assert latency({**probe, "ttft_s": [None, 0.04, 0.03]}, lines) is None  # a probe failed
     assert latency(probe, lines[3:]) is None  # no prompt forward in the window
+
+
+def test_the_handoff_runs_from_a_prompts_last_chunk_to_the_idle_decode_instances_next_step():
+    from simulator.calibrate import charges
+    from simulator.request_path import handoff
+    last_chunk = BatchPlan([chunk("c", 12, 20)]).shape()  # samples: a prompt's last chunk
+    middle = BatchPlan([chunk("c", 20, 0, sample=False)]).shape()  # samples nothing
+    one, two = ForwardShape.decode_step(1, 40), ForwardShape.decode_step(2, 80)
+
+    def line(t, shape, turn=0.01, gap=5.0):
+        return {"time": t, "forward_s": turn, "turn_s": turn, "gap_s": gap, "shape": shape}
+    logs = {"prefill-0": [line(10.0, middle), line(10.2, last_chunk), line(11.0, last_chunk),
+                          line(12.0, last_chunk), line(30.0, last_chunk)],
+            "decode-0": [line(10.26, one), line(11.09, one),  # began 10.25 and 11.08, idle
+                         line(12.05, two, gap=0.0001)]}  # busy: not a received sequence alone
+    assert handoff(logs, (0.0, 20.0)) == pytest.approx((0.05 + 0.08) / 2)
+    assert handoff({"coupled-0": logs["prefill-0"]}, (0.0, 20.0)) is None
+    assert charges({"handoff_s": None, "wake_s": 0.002}) == {
+        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002, "handoff_s": 0.0}
 
 
 def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():

@@ -79,3 +79,29 @@ def test_the_request_latency_delays_every_token_of_a_lone_request_by_itself(make
     delayed = trace_of(replace(make(), request_latency_s=0.025), one(100, 5))
     assert [t - 0.025 for t in delayed.token_times] == pytest.approx(plain.token_times)
     assert delayed.finish - 0.025 == pytest.approx(plain.finish)
+
+
+@pytest.mark.parametrize("make", [layout, lambda: coupled("vllm")])
+def test_the_wake_up_lengthens_the_forward_an_idle_instance_starts_and_no_other(make):
+    """Layout.wake_s: a lone request finds every instance idle, so its first forward on each
+    instance takes that much longer (on the prefill instance its first chunk; on the decode
+    instance its first step) and the forwards right after them do not."""
+    from dataclasses import replace
+    plain = trace_of(make(), one(100, 5))
+    woken = trace_of(replace(make(), wake_s=0.004), one(100, 5))
+    wakes = 1 if make is layout else 0  # the decode instance waits for the KV: it wakes again
+    assert woken.token_times[0] - plain.token_times[0] == pytest.approx(0.004)
+    gaps = [b - a for a, b in zip(woken.token_times, woken.token_times[1:])]
+    plain_gaps = [b - a for a, b in zip(plain.token_times, plain.token_times[1:])]
+    assert gaps[0] - plain_gaps[0] == pytest.approx(0.004 * wakes)
+    assert gaps[1:] == pytest.approx(plain_gaps[1:])
+
+
+def test_the_handoff_delays_a_disaggregated_request_after_its_first_token_by_itself():
+    """Layout.handoff_s: each transfer takes that much longer; the first token (from the
+    prefill instance) does not move, every later one moves by exactly that much."""
+    from dataclasses import replace
+    plain = trace_of(layout(), one(100, 5))
+    handed = trace_of(replace(layout(), handoff_s=0.03), one(100, 5))
+    assert handed.token_times[0] == pytest.approx(plain.token_times[0])
+    assert [t - 0.03 for t in handed.token_times[1:]] == pytest.approx(plain.token_times[1:])

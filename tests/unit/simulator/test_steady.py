@@ -35,6 +35,7 @@ CASES = {
                                                 prefix_caching=False)))),
     "reserve-dynamic, oracle": layout(1, 2, instance=instance_config(
         num_blocks=96, decode=DecodeConfig(admission="reserve-dynamic"), prediction=ORACLE)),
+    "wake-up": replace(layout(1, 2), wake_s=0.004),
     "flips": layout(3, 1, flip_policy="load-ratio", flip_options=(
         ("cooldown_s", 1.0), ("sustain_ticks", 2.0), ("ratio", 2.0))),
 }
