@@ -78,8 +78,8 @@ def rows(label: str, result: dict) -> list[list[str]]:
 
 
 def measures(calibration: dict, result: dict | None = None) -> str:
-    """k (decode / prompt-carrying where both were measured), the loop's work per forward and
-    the request path."""
+    """k (decode / prompt-carrying where both were measured), the loop's work per forward, the
+    request path, and the wake-up and KV hand-off where they were measured."""
     k = f"k {calibration['factor']:.2f}"
     if calibration.get("prompt_factor"):
         k += f"/{calibration['prompt_factor']:.2f}"
@@ -87,6 +87,10 @@ def measures(calibration: dict, result: dict | None = None) -> str:
     text = f"{k}, {overhead * 1e3:.2f} ms/forward"
     if calibration.get("request_latency_s") is not None:
         text += f", path {calibration['request_latency_s'] * 1e3:.1f} ms"
+    if calibration.get("wake_s"):
+        text += f", wake {calibration['wake_s'] * 1e3:.1f} ms"
+    if calibration.get("handoff_s"):
+        text += f", hand-off {calibration['handoff_s'] * 1e3:.0f} ms"
     return text
 
 
