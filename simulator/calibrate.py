@@ -147,10 +147,11 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
             else v.real_run(case, requests, arrivals, cache_dir, out / "logs"))
     result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
               "turn_overhead_s": 0.0}
-    lines = case_lines(real)
+    logs = run_logs(real)
+    lines = case_lines(real, logs)
     if mode in ("forwards", "forwards-rows"):
         result.update(from_forwards(lines or [], costs, mode == "forwards-rows"),
-                      **path_charges(real))
+                      **path_charges(real, logs))
     elif mode == "latencies":
         result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
             case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
@@ -166,17 +167,17 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     return result
 
 
-def own_speed(case, requests: list, arrivals: list[float], real: dict, lines: list[dict] | None,
-              costs: CostModel, cache_dir: str) -> dict | None:
+def own_speed(case, requests: list, arrivals: list[float], real: dict,
+              logs: dict[str, list[dict]] | None, costs: CostModel, cache_dir: str) -> dict | None:
     """The case simulated again at the forward speed its own real run had (`from_forwards` on
-    its own log `lines`: not held out, a diagnostic): what is left of the error once the
-    machine's speed during the run is known is the simulated loop's, not the cost model's. None
-    without a forward log."""
+    its own `logs`, `run_logs(real)`: not held out, a diagnostic): what is left of the error
+    once the machine's speed during the run is known is the simulated loop's, not the cost
+    model's. None without a forward log."""
     from simulator import validate as v
 
-    if lines is None:
+    if logs is None:
         return None
-    speed = {**from_forwards(lines, costs), **path_charges(real)}
+    speed = {**from_forwards(case_lines(real, logs), costs), **path_charges(real, logs)}
     replay = v.simulated_run(case, requests, arrivals, scaled(costs, speed), cache_dir,
                              charges(speed))
     return {**speed, "errors": v.errors(real["summary"], replay["summary"])}
@@ -196,32 +197,36 @@ def charges(calibration: dict) -> dict:
     return {name: calibration.get(name) or 0.0 for name in CHARGES}
 
 
-def path_charges(real: dict) -> dict:
+def path_charges(real: dict, logs: dict[str, list[dict]] | None) -> dict:
     """The request path's latency (simulator.request_path: None when the run had no probe) and
-    the KV hand-off's (None for a run without a log, or without a hand-off to read)."""
-    from common.engine.forward_log import read
+    the KV hand-off's (None for a run without a log, or without a hand-off to read); `logs`:
+    `run_logs(real)`."""
     from simulator.request_path import handoff, latency
 
     probe = real.get("path_probe")
-    directory = Path(real.get("forward_log") or "")
-    logs = ({path.stem: read(path) for path in sorted(directory.glob("*.jsonl"))}
-            if real.get("load_window") and directory.is_dir() else {})
-    return {"request_latency_s": (latency(probe, log_lines(real, *probe["window"]))
-                                  if probe else None),
+    return {"request_latency_s": (latency(probe, within(logs, *probe["window"]))
+                                  if probe and logs is not None else None),
             "handoff_s": handoff(logs, real["load_window"]) if logs else None}
 
 
-def case_lines(real: dict) -> list[dict] | None:
-    """A real run's forward-log lines within its load's window; None for a run recorded without
-    a log, or whose log is gone (logs stay out of git)."""
-    if not real.get("load_window") or not Path(real.get("forward_log") or "").is_dir():
-        return None
-    return log_lines(real, *real["load_window"])
-
-
-def log_lines(real: dict, start: float, end: float) -> list[dict]:
-    """Every instance's forward-log lines of a real run whose forward ended within [start, end]."""
+def run_logs(real: dict) -> dict[str, list[dict]] | None:
+    """Each instance's whole forward log of a real run, by instance id, read once; None for a
+    run recorded without a log, or whose log is gone (logs stay out of git)."""
     from common.engine.forward_log import read
 
-    return [line for path in sorted(Path(real["forward_log"]).glob("*.jsonl"))
-            for line in read(path, start, end)]
+    directory = Path(real.get("forward_log") or "")
+    if not real.get("load_window") or not directory.is_dir():
+        return None
+    return {path.stem: read(path) for path in sorted(directory.glob("*.jsonl"))}
+
+
+def case_lines(real: dict, logs: dict[str, list[dict]] | None) -> list[dict] | None:
+    """Every instance's forward-log lines within the real run's load window (`logs`:
+    `run_logs(real)`); None without a log."""
+    return None if logs is None else within(logs, *real["load_window"])
+
+
+def within(logs: dict[str, list[dict]], start: float, end: float) -> list[dict]:
+    """Every instance's lines whose forward ended within [start, end] (as forward_log.read
+    cuts them)."""
+    return [line for lines in logs.values() for line in lines if start <= line["time"] <= end]

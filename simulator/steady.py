@@ -119,8 +119,7 @@ def absorb_window(leap: Leap, first: int, end: int) -> list[Sequence]:
         done = seq.status >= FINISHED
         if finish and done != (finish == last):
             raise AssertionError(f"the leap mispredicted when {seq.seq_id} finishes")
-        _pool_calls(calls, kv, seq, index, start, first, last, done,
-                    min(last, leap.num_steps - 1))
+        _pool_calls(calls, kv, seq, index, start, first, last, done, leap.num_steps - 1)
         _trace(leap.inst.cluster, seq, leap.times[first:last], done)
         if done:
             finished.append(seq)

@@ -40,7 +40,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
-from simulator.calibrate import calibrate_case, case_lines, charges, own_speed, scaled
+from simulator.calibrate import (calibrate_case, case_lines, charges, own_speed, run_logs,
+                                 scaled)
 from simulator.costs import CostModel
 from simulator import request_path
 from simulator.fit import fit_profile
@@ -285,7 +286,7 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
         overhead = float(turn_overhead)
     simulated = simulated_run(case, requests, arrivals, costs, cache_dir,
                               {**charges(calibration or {}), "turn_overhead_s": overhead})
-    lines = case_lines(real)  # its forward log, read once for the diagnostics below
+    logs = run_logs(real)  # its forward logs, read once for the diagnostics below
     if calibration is not None:  # what the profile alone gave, beside the calibrated errors
         calibration = {**calibration, "errors_uncalibrated": errors(real["summary"], (
             simulated_run(case, requests, arrivals, measured, cache_dir)["summary"]))}
@@ -294,8 +295,9 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
                   k: v for k, v in calibration.items() if k != "tried"},
               "errors": errors(real["summary"], simulated["summary"]),
               "forward_time": forward_time(real, simulated), "turn_overhead_s": overhead,
-              "forward_classes": forward_classes(lines, simulated.pop("forwards"), measured),
-              "own_speed": own_speed(case, requests, arrivals, real, lines, measured, cache_dir),
+              "forward_classes": forward_classes(case_lines(real, logs), simulated.pop("forwards"),
+                                                 measured),
+              "own_speed": own_speed(case, requests, arrivals, real, logs, measured, cache_dir),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}

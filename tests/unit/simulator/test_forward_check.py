@@ -11,7 +11,7 @@ import pytest
 from common.engine.forward_log import ForwardLog, read
 from common.plan import BatchPlan, ForwardShape, ScheduledChunk
 from common.sampling_params import SamplingParams
-from simulator.calibrate import case_lines
+from simulator.calibrate import case_lines, run_logs
 from simulator.costs import CostModel
 from simulator.forward_check import classes, forward_class, forward_classes, totals
 
@@ -95,12 +95,14 @@ def test_a_validation_case_reads_its_logs_within_the_load_window(tmp_path):
         (directory / f"{name}.jsonl").write_text("".join(json.dumps(
             {"time": t, "forward_s": 0.1, "turn_s": 0.2, **step.__dict__}) + "\n"
             for t in times))
-    result = forward_classes(case_lines({"forward_log": str(directory),
-                                         "load_window": [10.0, 20.0]}), [], COSTS)
+    def lines(real):
+        return case_lines(real, run_logs(real))
+    result = forward_classes(lines({"forward_log": str(directory),
+                                    "load_window": [10.0, 20.0]}), [], COSTS)
     assert result["all"]["real_forwards"] == 2  # 15.0 and 16.0, one from each instance
-    assert forward_classes(case_lines({"forward_log": str(tmp_path / "gone"),
-                                       "load_window": [0, 1]}), [], COSTS) is None
-    assert forward_classes(case_lines({}), [], COSTS) is None  # recorded before the log
+    assert forward_classes(lines({"forward_log": str(tmp_path / "gone"),
+                                  "load_window": [0, 1]}), [], COSTS) is None
+    assert forward_classes(lines({}), [], COSTS) is None  # recorded before the log
 
 
 def test_the_forwards_calibration_measures_k_and_the_loop_work_from_the_log():
