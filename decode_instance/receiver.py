@@ -32,6 +32,7 @@ class HandOff:
     failed: str = ""  # first error; set once
     aborted: bool = False
     local_blocks: list[int] = field(default_factory=list)
+    num_skipped_blocks: int = 0  # leading blocks our prefix cache held: never read
 
     @property
     def final_known(self) -> bool:
@@ -46,7 +47,9 @@ class Receiver:
         self.active: dict[str, HandOff] = {}
         self.ready: list[Sequence] = []  # received, to join the running batch
         self.failed: list[tuple[KVTransferOffer, str]] = []  # to report to the gateway
-        self.blocks_read = self.blocks_skipped = 0  # prompt blocks, since start
+        # Blocks whose KV came over (a recovered request's output so far included) and blocks
+        # our prefix cache held instead, since start.
+        self.blocks_read = self.blocks_skipped = 0
 
     def find(self, request_id: str) -> HandOff | None:
         return self.active.get(request_id) or next(
@@ -128,11 +131,9 @@ class Receiver:
             kv.free(offer.request_id)
             return None
         handoff.num_requested = have  # our cached blocks count as requested: never read
-        read = -(-offer.num_prompt_tokens // kv.block_size) - have // kv.block_size
-        self.blocks_read += read
-        self.blocks_skipped += have // kv.block_size
-        self.ctx.count("transfer_blocks", read, kind="read")
-        self.ctx.count("transfer_blocks", have // kv.block_size, kind="skipped")
+        handoff.num_skipped_blocks = have // kv.block_size
+        self.blocks_skipped += handoff.num_skipped_blocks
+        self.ctx.count("transfer_blocks", handoff.num_skipped_blocks, kind="skipped")
         return table
 
     @staticmethod
@@ -167,7 +168,8 @@ class Receiver:
             return
         handoff.outstanding -= 1
         if not result.ok and not handoff.failed:
-            handoff.failed = result.error
+            # never empty: an empty error would leave the hand-off open, its blocks held
+            handoff.failed = result.error or f"transfer {result.status.value}"
             self.ctx.transfer.cancel(result.request_id)
         elif result.ok and result.final:
             handoff.complete = True
@@ -189,8 +191,18 @@ class Receiver:
         elif handoff.complete:
             del self.active[request_id]
             self.ctx.transfer.forget(request_id)
+            self._count_read(handoff)
             self.ctx.send(handoff.offer.source_inbox, KVTransferDone(request_id))
             self.ready.append(self._sequence(handoff))
+
+    def _count_read(self, handoff: HandOff) -> None:
+        """Counted when the KV is all here: what the prefill instance held at the end (the
+        prompt, and a recovered request's output so far), not the prompt the offer began with,
+        and a chunk-level block read again with the next chunk once."""
+        held = -(-handoff.offer.num_cached_tokens // self.ctx.kv.block_size)
+        read = held - handoff.num_skipped_blocks
+        self.blocks_read += read
+        self.ctx.count("transfer_blocks", read, kind="read")
 
     def _release_source(self, handoff: HandOff, status: TransferStatus, why: str) -> None:
         self.ctx.send(handoff.offer.source_inbox,
