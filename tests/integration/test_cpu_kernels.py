@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -266,3 +269,28 @@ def test_skinny_row_limit_keeps_onednn_for_batches_on_amx(kernel_ops, monkeypatc
     assert layers.PackedLinear(weight, None, kernel_ops.k).skinny_max_rows == 256
     monkeypatch.setattr(layers, "has_amx", lambda: True)
     assert layers.PackedLinear(weight, None, kernel_ops.k).skinny_max_rows == 8
+
+
+def test_a_kernel_lets_the_instance_s_other_threads_run(kernel_ops):
+    """The kernels release the GIL. With a switch interval too long to ever force a switch,
+    the waiting thread can get the interpreter only when the calling thread lets go of it,
+    which in the loop below only a kernel call can do (the KV server thread answering a read
+    during a forward relies on it)."""
+    x, out, weight = torch.randn(64, 4096), torch.empty(64, 4096), torch.ones(4096)
+    calls, seen = [0], []
+    go = threading.Lock()
+    go.acquire()
+    waiter = threading.Thread(target=lambda: go.acquire() and seen.append(calls[0]))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        waiter.start()
+        go.release()
+        while not seen and calls[0] < 2000:
+            kernel_ops.k.rms_norm(out, x, weight, 1e-5)
+            calls[0] += 1
+        made = calls[0]
+    finally:
+        sys.setswitchinterval(interval)
+    waiter.join()
+    assert seen[0] < made, f"the waiting thread ran only after all {made} kernel calls"

@@ -346,20 +346,25 @@ void skinny_linear(at::Tensor out, at::Tensor x, at::Tensor packed, at::Tensor b
   TORCH_CHECK(false, "no skinny linear kernel for ", x.scalar_type(), " on this build");
 }
 
+// The kernels run without the GIL (they touch no Python object): while a forward runs, the
+// instance's other threads (the KV server answering a decode instance's read, the transfer job
+// thread, grammar compiles) get the interpreter at once instead of waiting for a switch
+// interval at every kernel boundary.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("sample_rows", &sampling::sample);
+  const auto nogil = pybind11::call_guard<pybind11::gil_scoped_release>();
+  m.def("sample_rows", &sampling::sample, nogil);
   m.def("skinny_linear_dtypes", &skinny_linear_dtypes);
-  m.def("skinny_pack", &skinny_pack);
-  m.def("skinny_linear", &skinny_linear);
+  m.def("skinny_pack", &skinny_pack, nogil);
+  m.def("skinny_linear", &skinny_linear, nogil);
   m.def("bf16_attention_head_dims", &bf16_attention_head_dims);
-  m.def("rms_norm", &rms_norm);
-  m.def("fused_add_rms_norm", &fused_add_rms_norm);
-  m.def("rotary_neox", &rotary_neox);
-  m.def("silu_and_mul", &silu_and_mul);
-  m.def("store_kv", &store_kv);
-  m.def("paged_decode_attention", &paged_decode_attention);
-  m.def("paged_prefill_attention", &paged_prefill_attention);
+  m.def("rms_norm", &rms_norm, nogil);
+  m.def("fused_add_rms_norm", &fused_add_rms_norm, nogil);
+  m.def("rotary_neox", &rotary_neox, nogil);
+  m.def("silu_and_mul", &silu_and_mul, nogil);
+  m.def("store_kv", &store_kv, nogil);
+  m.def("paged_decode_attention", &paged_decode_attention, nogil);
+  m.def("paged_prefill_attention", &paged_prefill_attention, nogil);
   m.def("paged_attention", &paged_attention, pybind11::arg("out"), pybind11::arg("q"),
         pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("seq_meta"),
-        pybind11::arg("block_ids"), pybind11::arg("scale"), pybind11::arg("tiles") = true);
+        pybind11::arg("block_ids"), pybind11::arg("scale"), pybind11::arg("tiles") = true, nogil);
 }
