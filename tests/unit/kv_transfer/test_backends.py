@@ -114,3 +114,26 @@ def test_an_unknown_backend_name_lists_the_installed_ones():
     cache = KVCache(LAYOUT)
     with pytest.raises(KeyError, match="unknown KV transfer backend 'nope'; known: .*shm, tcp"):
         make_backend("nope", cache, "127.0.0.1", TransferConfig())
+
+
+@pytest.mark.parametrize("pair", ["tcp"], indirect=True)
+def test_a_tcp_read_larger_than_a_piece_goes_in_pieces_and_copies_exactly(pair, monkeypatch):
+    """Pieces of two blocks, two requests in flight: five blocks are three requests, in order,
+    and every block lands where it was asked to."""
+    import kv_transfer.tcp as tcp
+    serve, read, source, target = pair
+    monkeypatch.setattr(tcp, "PIECE_BYTES", 2 * LAYOUT.bytes_per_block)
+    asked = []
+    ask = type(read)._ask
+    monkeypatch.setattr(type(read), "_ask", lambda self, sock, ids, *rest: (
+        asked.append(list(ids)), ask(self, sock, ids, *rest))[1])
+    remote, local = [3, 4, 5, 9, 17], [0, 1, 7, 8, 2]
+    read.submit(ReadJob("p1", serve.endpoint, remote, local, time.monotonic() + 5))
+    [result] = wait_results(read, 1)
+    assert result.ok, result.error
+    assert asked == [[3, 4], [5, 9], [17]]
+    assert result.num_bytes == len(remote) * LAYOUT.bytes_per_block
+    for r, l in zip(remote, local):
+        assert torch.equal(target.tensor[:, :, l], source.tensor[:, :, r])
+    untouched = [b for b in range(LAYOUT.num_blocks) if b not in local]
+    assert not target.tensor[:, :, untouched].any()
