@@ -57,6 +57,9 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--handoff", type=float, default=0.0, metavar="SECONDS",
                      help="the KV hand-off's own time beyond the link, added to every transfer "
                           "(simulator.request_path.handoff reads it off forward logs)")
+    sim.add_argument("--handoff-per-token", type=float, default=0.0, metavar="SECONDS",
+                     help="the KV hand-off's time per prompt token beyond the link's bytes "
+                          "(measured with --handoff by simulator.request_path.handoff)")
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",

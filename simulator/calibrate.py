@@ -19,7 +19,8 @@ path's latency from the probes before its load (`simulator.request_path`); the s
 charges them (`CostModel.scaled`, `Layout.turn_overhead_s`, `Layout.request_latency_s`), with
 the extra time of a forward its instance woke up for (`Layout.wake_s`: forwards after the
 loop waited for work ran longer than their shape's price) and the KV hand-off's time beyond the
-link (`Layout.handoff_s`, `simulator.request_path.handoff`). `calibrate_case` runs the
+link, fixed and per prompt token (`Layout.handoff_s`, `Layout.handoff_per_token_s`,
+`simulator.request_path.handoff`). `calibrate_case` runs the
 held-out case for either mode (`python -m simulator.validate --calibration-seed N
 --calibration forwards|latencies`). `own_speed` applies `from_forwards` to a case's own run
 instead (not held out): a diagnostic of what the simulated loop gets wrong once the speed the
@@ -38,7 +39,8 @@ from common.engine.forward_log import WAITED_S as WAIT_S
 from simulator.costs import CostModel
 
 # What a calibration charges beside the scaled cost model: Layout fields
-CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "handoff_s")
+CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "handoff_s",
+           "handoff_per_token_s")
 
 # the metrics k is fitted to (paths in bench's summary)
 CALIBRATION_METRICS = (("ttft_s", "mean"), ("tpot_s", "mean"), ("jct_s", "mean"))
@@ -204,9 +206,9 @@ def path_charges(real: dict, logs: dict[str, list[dict]] | None) -> dict:
     from simulator.request_path import handoff, latency
 
     probe = real.get("path_probe")
+    handed = (handoff(logs, real["load_window"]) if logs else None) or {"handoff_s": None}
     return {"request_latency_s": (latency(probe, within(logs, *probe["window"]))
-                                  if probe and logs is not None else None),
-            "handoff_s": handoff(logs, real["load_window"]) if logs else None}
+                                  if probe and logs is not None else None), **handed}
 
 
 def run_logs(real: dict) -> dict[str, list[dict]] | None:

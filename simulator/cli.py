@@ -70,6 +70,7 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
                   message_latency_s=args.message_latency, flip_switch_s=args.flip_switch,
                   turn_overhead_s=args.turn_overhead, request_latency_s=args.request_latency,
                   wake_s=getattr(args, "wake", 0.0), handoff_s=getattr(args, "handoff", 0.0),
+                  handoff_per_token_s=getattr(args, "handoff_per_token", 0.0),
                   steady_decode=not getattr(args, "plan_every_forward", False))
 
 

@@ -66,6 +66,10 @@ class Layout:
     # beside the prefill instance's forwards, the sequence joining the decode loop:
     # simulator.request_path.handoff), added to every transfer; 0: the link alone
     handoff_s: float = 0.0
+    # ... and its time per token of KV read beyond the link's bytes (a real read gathers,
+    # sends, receives and scatters them: measured with handoff_s); it holds the receiving
+    # instance's link as its bytes do, since a real decode instance reads one job at a time
+    handoff_per_token_s: float = 0.0
     drain_limit_s: float = 3600.0  # after the last arrival, stop and count the rest unfinished
     # Step a decode instance's steady batch without planning it (simulator/steady.py): the same
     # result, several times faster; False plans every forward with the scheduler.
@@ -79,7 +83,7 @@ class Layout:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
         if min(self.turn_overhead_s, self.request_latency_s, self.message_latency_s,
-               self.wake_s, self.handoff_s) < 0:
+               self.wake_s, self.handoff_s, self.handoff_per_token_s) < 0:
             raise ConfigError("the turn overhead, the wake-up and the latencies must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
@@ -245,8 +249,9 @@ class SimCluster:
         served); the sequence is received when the last byte has landed."""
         now = self.loop.now
         start = max(now, inst.link_free_at)
-        inst.link_free_at = start + num_tokens * self.kv_bytes_per_token \
-            * self.link.occupancy_per_byte
+        inst.link_free_at = start + num_tokens * (
+            self.kv_bytes_per_token * self.link.occupancy_per_byte
+            + self.layout.handoff_per_token_s)
         done = inst.link_free_at + self.link.latency_s + self.layout.handoff_s
         self.transfer["count"] += 1
         self.transfer["tokens"] += num_tokens

@@ -54,24 +54,58 @@ def latency(path_probe: dict | None, lines: list[dict]) -> float | None:
     return max(statistics.median(path_probe["ttft_s"]) - statistics.median(forwards), 0.0)
 
 
-def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> float | None:
-    """The mean time from a prefill forward that sampled a first token (a prompt's last chunk)
-    to the start of the next decode forward, counted where that forward stepped one sequence
-    after its instance had waited for work (so, the sequence just received); `logs`: each
-    instance's forward log by instance id, `window`: the load's. None without such a pair (a
-    co-located layout, or a decode instance never idle)."""
+MIN_HANDOFFS = 3  # fewer pairs: no hand-off is read off the log
+
+
+def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | None:
+    """The KV hand-off as a fixed time plus a time per prompt token (least squares over the
+    load's hand-offs: the read's bytes grow with the prompt). A hand-off runs from the prefill
+    forward that sampled a prompt's first token (one chunk, so its prompt is its cached plus
+    new tokens) to the start of the decode forward that stepped that prompt's sequence alone
+    after its instance had waited for work (its context is the prompt: the sequence just
+    received). `logs`: each instance's forward log by instance id, `window`: the load's.
+    Returns {"handoff_s", "handoff_per_token_s", "handoffs"}; None with fewer than
+    MIN_HANDOFFS pairs (a co-located layout, a decode instance never idle)."""
+    pairs = _handoff_pairs(logs, window)
+    if len(pairs) < MIN_HANDOFFS:
+        return None
+    fixed, per_token = _line_fit(pairs)
+    return {"handoff_s": fixed, "handoff_per_token_s": per_token, "handoffs": len(pairs)}
+
+
+def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
+        -> list[tuple[int, float]]:
+    """(prompt tokens, seconds) of each hand-off in the window (see `handoff`)."""
     start, end = window
-    firsts = [line["time"] for name, lines in logs.items() if name.startswith("prefill")
-              for line in lines if line["shape"].rows and start <= line["time"] <= end]
-    begins = sorted(((line["time"] - line["turn_s"], line) for name, lines in logs.items()
-                     if name.startswith("decode") for line in lines), key=lambda pair: pair[0])
-    starts = [began for began, _ in begins]
-    samples = []
-    for first in firsts:
-        i = bisect_left(starts, first)
-        if i < len(begins):
-            began, line = begins[i]
-            if line["gap_s"] > WAITED_S and line["shape"].kind == "decode" \
-                    and line["shape"].decodes == 1:
-                samples.append(began - first)
-    return statistics.mean(samples) if samples else None
+    lasts: dict[int, list[float]] = {}  # prompt tokens -> when prefill forwards sampled one
+    for name, lines in logs.items():
+        for line in lines if name.startswith("prefill") else ():
+            shape = line["shape"]
+            if shape.rows == 1 and shape.prompts == 1 and not shape.decodes:
+                lasts.setdefault(shape.context + shape.tokens, []).append(line["time"])
+    pairs = []
+    for name, lines in logs.items():
+        for line in lines if name.startswith("decode") else ():
+            shape, began = line["shape"], line["time"] - line["turn_s"]
+            if not (start <= began <= end and line["gap_s"] > WAITED_S
+                    and shape.kind == "decode" and shape.decodes == 1):
+                continue
+            times = sorted(lasts.get(shape.context, ()))
+            i = bisect_left(times, began)
+            if i:  # the latest prefill of that prompt before this step
+                pairs.append((shape.context, began - times[i - 1]))
+    return pairs
+
+
+def _line_fit(pairs: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of seconds = a + b x tokens by least squares, both >= 0: a falling fit is a flat
+    one (the mean), a negative intercept one through the origin."""
+    xs, ys = [float(x) for x, _ in pairs], [y for _, y in pairs]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    if b <= 0:
+        return my, 0.0
+    if my - b * mx < 0:
+        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    return my - b * mx, b

@@ -89,8 +89,10 @@ def measures(calibration: dict, result: dict | None = None) -> str:
         text += f", path {calibration['request_latency_s'] * 1e3:.1f} ms"
     if calibration.get("wake_s"):
         text += f", wake {calibration['wake_s'] * 1e3:.1f} ms"
-    if calibration.get("handoff_s"):
+    if calibration.get("handoff_s") is not None:
         text += f", hand-off {calibration['handoff_s'] * 1e3:.0f} ms"
+        if calibration.get("handoff_per_token_s"):
+            text += f" + {calibration['handoff_per_token_s'] * 1e6:.0f} us/token"
     return text
 
 

@@ -157,23 +157,49 @@ def test_the_request_path_is_the_probes_ttft_less_their_prompt_forwards():
     assert latency(probe, lines[3:]) is None  # no prompt forward in the window
 
 
-def test_the_handoff_runs_from_a_prompts_last_chunk_to_the_idle_decode_instances_next_step():
-    from simulator.calibrate import charges
+def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_alone():
+    from simulator.calibrate import charges, path_charges
     from simulator.request_path import handoff
-    last_chunk = BatchPlan([chunk("c", 12, 20)]).shape()  # samples: a prompt's last chunk
-    middle = BatchPlan([chunk("c", 20, 0, sample=False)]).shape()  # samples nothing
-    one, two = ForwardShape.decode_step(1, 40), ForwardShape.decode_step(2, 80)
+
+    def last(prompt, done=20):  # a prompt's last chunk: it samples the first token
+        return BatchPlan([chunk("c", prompt - done, done)]).shape()
 
     def line(t, shape, turn=0.01, gap=5.0):
         return {"time": t, "forward_s": turn, "turn_s": turn, "gap_s": gap, "shape": shape}
-    logs = {"prefill-0": [line(10.0, middle), line(10.2, last_chunk), line(11.0, last_chunk),
-                          line(12.0, last_chunk), line(30.0, last_chunk)],
-            "decode-0": [line(10.26, one), line(11.09, one),  # began 10.25 and 11.08, idle
-                         line(12.05, two, gap=0.0001)]}  # busy: not a received sequence alone
-    assert handoff(logs, (0.0, 20.0)) == pytest.approx((0.05 + 0.08) / 2)
+    middle = BatchPlan([chunk("c", 20, 0, sample=False)]).shape()  # samples nothing
+    # hand-offs of 0.01 + 0.0001 s per token: prompts 100, 300, 500
+    logs = {"prefill-0": [line(10.0, middle), line(10.2, last(100)), line(11.0, last(300)),
+                          line(12.0, last(500)), line(12.5, last(100)), line(30.0, last(500))],
+            "decode-0": [line(10.23, ForwardShape.decode_step(1, 100)),  # began 10.22
+                         line(11.05, ForwardShape.decode_step(1, 300)),  # began 11.04
+                         line(12.07, ForwardShape.decode_step(1, 500)),  # began 12.06
+                         # busy before, or two sequences: not a received sequence alone
+                         line(12.54, ForwardShape.decode_step(1, 100), gap=0.0001),
+                         line(12.60, ForwardShape.decode_step(2, 600))]}
+    fit = handoff(logs, (0.0, 20.0))
+    assert fit["handoffs"] == 3
+    assert fit["handoff_s"] == pytest.approx(0.01) and fit["handoff_per_token_s"] == \
+        pytest.approx(0.0001)
+    assert handoff(logs, (0.0, 11.5)) is None  # two pairs in the window: too few to read
     assert handoff({"coupled-0": logs["prefill-0"]}, (0.0, 20.0)) is None
+    flat = {**logs, "decode-0": [line(t + 0.03, ForwardShape.decode_step(1, n))
+                                 for t, n in ((10.2, 100), (11.0, 300), (12.0, 500))]}
+    assert handoff(flat, (0.0, 20.0))["handoff_per_token_s"] == pytest.approx(0.0, abs=1e-12)
+    real = {"load_window": [0.0, 20.0]}
+    assert charges(path_charges(real, logs)) == pytest.approx({
+        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.0,
+        "handoff_s": 0.01, "handoff_per_token_s": 0.0001})
     assert charges({"handoff_s": None, "wake_s": 0.002}) == {
-        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002, "handoff_s": 0.0}
+        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002, "handoff_s": 0.0,
+        "handoff_per_token_s": 0.0}
+
+
+def test_a_falling_or_negative_handoff_fit_is_flat_or_through_the_origin():
+    from simulator.request_path import _line_fit
+    assert _line_fit([(100, 0.05), (200, 0.04), (300, 0.03)]) == pytest.approx((0.04, 0.0))
+    a, b = _line_fit([(100, 0.001), (200, 0.012), (300, 0.023)])  # intercept -0.01
+    assert a == 0.0 and b == pytest.approx((0.1 + 2.4 + 6.9) / (1 + 4 + 9) * 1e-4)
+    assert _line_fit([(100, 0.02)] * 3) == pytest.approx((0.02, 0.0))
 
 
 def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():

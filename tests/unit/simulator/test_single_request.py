@@ -105,3 +105,17 @@ def test_the_handoff_delays_a_disaggregated_request_after_its_first_token_by_its
     handed = trace_of(replace(layout(), handoff_s=0.03), one(100, 5))
     assert handed.token_times[0] == pytest.approx(plain.token_times[0])
     assert [t - 0.03 for t in handed.token_times[1:]] == pytest.approx(plain.token_times[1:])
+
+
+def test_the_handoff_per_token_delays_a_longer_prompt_more():
+    """Layout.handoff_per_token_s: the transfer of a P-token prompt takes P times that longer,
+    on top of the fixed part."""
+    from dataclasses import replace
+    for prompt in (100, 400):
+        plain = trace_of(layout(), one(prompt, 5))
+        handed = trace_of(replace(layout(), handoff_s=0.01, handoff_per_token_s=1e-4),
+                          one(prompt, 5))
+        assert handed.token_times[0] == pytest.approx(plain.token_times[0])
+        moved = 0.01 + prompt * 1e-4
+        assert [t - moved for t in handed.token_times[1:]] == pytest.approx(
+            plain.token_times[1:])
