@@ -83,6 +83,8 @@ def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
             shape = line["shape"]
             if shape.rows == 1 and shape.prompts == 1 and not shape.decodes:
                 lasts.setdefault(shape.context + shape.tokens, []).append(line["time"])
+    for times in lasts.values():
+        times.sort()
     pairs = []
     for name, lines in logs.items():
         for line in lines if name.startswith("decode") else ():
@@ -90,7 +92,7 @@ def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
             if not (start <= began <= end and line["gap_s"] > WAITED_S
                     and shape.kind == "decode" and shape.decodes == 1):
                 continue
-            times = sorted(lasts.get(shape.context, ()))
+            times = lasts.get(shape.context, ())
             i = bisect_left(times, began)
             if i:  # the latest prefill of that prompt before this step
                 pairs.append((shape.context, began - times[i - 1]))
