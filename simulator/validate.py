@@ -61,6 +61,7 @@ WARM_UP_PROMPT = "Warm-up request: reply with one word."  # in no workload: noth
 RATES = {"low": 0.25, "high": 0.5}  # x the cluster's idealized capacity (module docstring)
 CORES = 2
 SEEDS = (0, 1, 2)
+SAMPLED = {"temperature": 0.7, "top_p": 0.95}  # what most users send (--sampled)
 METRICS = {  # name -> (path in bench's summary, target relative error)
     "ttft_mean": (("ttft_s", "mean"), 0.05), "ttft_p99": (("ttft_s", "p99"), 0.15),
     "tpot_mean": (("tpot_s", "mean"), 0.05), "jct_mean": (("jct_s", "mean"), 0.05),
@@ -74,10 +75,12 @@ class Case:
     workload: str
     rate: str
     seed: int
+    sampled: bool = False  # the real requests sample (SAMPLED) instead of greedy
 
     @property
     def name(self) -> str:
-        return f"{self.layout}-{self.workload}-{self.rate}-s{self.seed}"
+        return f"{self.layout}-{self.workload}-{self.rate}-s{self.seed}" + \
+            ("-sampled" if self.sampled else "")
 
 
 def select(patterns: str) -> list[Case]:
@@ -156,15 +159,18 @@ def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
              log_dir: Path) -> dict:
     flags, threads = LAYOUTS[case.layout]
     return run_for_real(case.name, list(flags), threads, requests, arrivals, cache_dir,
-                        log_dir)[0]
+                        log_dir, SAMPLED if case.sampled else {})[0]
 
 
 def run_for_real(name: str, flags: list[str], threads: int, requests: list,
-                 arrivals: list[float], cache_dir: str, log_dir: Path) -> tuple[dict, list]:
+                 arrivals: list[float], cache_dir: str, log_dir: Path,
+                 sampling: dict | None = None) -> tuple[dict, list]:
     """`splitserve up FLAGS`, two warm-up requests, then the load: the run's summary and
     per-request figures, and bench's records (token times included). The warm-ups are the first
     two requests' output budgets on a prompt of their own: the simulated runs start with empty
-    prefix caches, so the real ones must not find the load's first prompts cached."""
+    prefix caches, so the real ones must not find the load's first prompts cached. `sampling`:
+    the load's and warm-ups' temperature and top_p (none: greedy); the simulator prices a
+    sampled row the same either way, so a sampled case checks that too."""
     from bench.client import run_load
     from bench.cluster import ClusterProcess
     from bench.metrics import run_duration, summarize
@@ -178,12 +184,12 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
         model = cluster.model()
         warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
         asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
-                             progress=False))
+                             progress=False, **(sampling or {})))
         path_probe = request_path.probe(cluster.url, model, requests[0], WARM_UP_PROMPT)
         loop_before = loop_counters(cluster.cluster())
         started, window = time.monotonic(), [time.time()]
         records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
-                                       ignore_eos=True, progress=False))
+                                       ignore_eos=True, progress=False, **(sampling or {})))
         wall = time.monotonic() - started
         window.append(time.time())
         # the last forwards' report reaches the gateway (instances report at the default interval)
@@ -346,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compact", action="store_true",
                         help="case files without the per-request lists (for re-simulations "
                              "of real runs kept elsewhere, --real-from)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="the real requests (the held-out run's too) sample at temperature "
+                             "0.7, top_p 0.95 instead of greedy; case names end in -sampled")
     parser.add_argument("--dry-run", action="store_true", help="list the cases and rates")
     args = parser.parse_args(argv)
     from simulator.validation_table import format_errors
@@ -355,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     turn_overhead = args.turn_overhead or ("held-out" if args.calibration_seed is not None
                                            and args.calibration != "latencies" else "0")
     for case in select(args.cases):
+        case = replace(case, sampled=args.sampled)
         if args.dry_run:
             costs, _ = profile_for(profiles, LAYOUTS[case.layout][1])
             print(f"{case.name}: {case_rate(case, costs):.2f} req/s")
@@ -363,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibration_seed is not None and key not in calibrations:
             if args.calibration_seed in SEEDS:
                 raise ConfigError(f"the calibration seed must not be a case seed {SEEDS}")
-            calibrations[key] = calibrate_case(Case(*key, args.calibration_seed),
+            calibrations[key] = calibrate_case(Case(*key, args.calibration_seed, args.sampled),
                                                args.num_requests, profiles, args.cache_dir,
                                                args.out, args.calibration, args.real_from)
             print(f"{'-'.join(key)}: forwards scaled by {calibrations[key]['factor']:.3f} "

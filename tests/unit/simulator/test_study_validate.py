@@ -5,6 +5,7 @@ real cluster is started here."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,19 @@ def test_cases_are_selected_by_pattern_from_the_matrix():
     assert len(select("1P1D:LPLD:low:0,1P1D:LPLD:*:0")) == 2  # no case twice
     with pytest.raises(ConfigError):
         select("2P2D:LPLD:low:0")
+
+
+def test_a_sampled_case_runs_its_requests_sampled_and_is_named_apart(monkeypatch, capsys):
+    import simulator.validate as v
+    seen = []
+    monkeypatch.setattr(v, "run_for_real", lambda name, *args: (
+        seen.append((name, args[-1])), ({}, []))[1])
+    v.real_run(v.Case("1P1D", "HPLD", "low", 0, sampled=True), [], [], "cache", Path("logs"))
+    v.real_run(v.Case("1P1D", "HPLD", "low", 0), [], [], "cache", Path("logs"))
+    assert seen == [("1P1D-HPLD-low-s0-sampled", {"temperature": 0.7, "top_p": 0.95}),
+                    ("1P1D-HPLD-low-s0", {})]
+    v.main(["--cases", "1P1D:LPLD:low:0", "--sampled", "--dry-run", "--profile", str(RECORD)])
+    assert capsys.readouterr().out.startswith("1P1D-LPLD-low-s0-sampled: ")
 
 
 def test_a_case_uses_the_profile_measured_with_its_thread_count():
