@@ -75,27 +75,32 @@ def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | 
 
 def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
         -> list[tuple[int, float]]:
-    """(prompt tokens, seconds) of each hand-off in the window (see `handoff`)."""
+    """(prompt tokens, seconds) of each hand-off in the window (see `handoff`): from each
+    prefill forward of one chunk that sampled, to the first decode step after it that stepped
+    one sequence of that context, if the decode instance had waited before that step (a later
+    step of another sequence can reach the same context: it is never the first after)."""
     start, end = window
-    lasts: dict[int, list[float]] = {}  # prompt tokens -> when prefill forwards sampled one
-    for name, lines in logs.items():
-        for line in lines if name.startswith("prefill") else ():
-            shape = line["shape"]
-            if shape.rows == 1 and shape.prompts == 1 and not shape.decodes:
-                lasts.setdefault(shape.context + shape.tokens, []).append(line["time"])
-    for times in lasts.values():
-        times.sort()
-    pairs = []
+    steps: dict[int, list[tuple[float, float]]] = {}  # context -> (began, gap) of lone steps
     for name, lines in logs.items():
         for line in lines if name.startswith("decode") else ():
-            shape, began = line["shape"], line["time"] - line["turn_s"]
-            if not (start <= began <= end and line["gap_s"] > WAITED_S
-                    and shape.kind == "decode" and shape.decodes == 1):
+            shape = line["shape"]
+            if shape.kind == "decode" and shape.decodes == 1:
+                steps.setdefault(shape.context, []).append(
+                    (line["time"] - line["turn_s"], line["gap_s"]))
+    for began in steps.values():
+        began.sort()
+    pairs = []
+    for name, lines in logs.items():
+        for line in lines if name.startswith("prefill") else ():
+            shape, sampled = line["shape"], line["time"]
+            if not (start <= sampled <= end and shape.rows == 1 and shape.prompts == 1
+                    and not shape.decodes):
                 continue
-            times = lasts.get(shape.context, ())
-            i = bisect_left(times, began)
-            if i:  # the latest prefill of that prompt before this step
-                pairs.append((shape.context, began - times[i - 1]))
+            prompt = shape.context + shape.tokens
+            later = steps.get(prompt, [])
+            i = bisect_left(later, (sampled,))
+            if i < len(later) and later[i][1] > WAITED_S:
+                pairs.append((prompt, later[i][0] - sampled))
     return pairs
 
 

@@ -175,7 +175,10 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
                          line(12.07, ForwardShape.decode_step(1, 500)),  # began 12.06
                          # busy before, or two sequences: not a received sequence alone
                          line(12.54, ForwardShape.decode_step(1, 100), gap=0.0001),
-                         line(12.60, ForwardShape.decode_step(2, 600))]}
+                         line(12.60, ForwardShape.decode_step(2, 600)),
+                         # another sequence reaching context 300 later, alone after a wait:
+                         # not the first step at 300 after that prefill, so no hand-off
+                         line(19.01, ForwardShape.decode_step(1, 300), gap=0.002)]}
     fit = handoff(logs, (0.0, 20.0))
     assert fit["handoffs"] == 3
     assert fit["handoff_s"] == pytest.approx(0.01) and fit["handoff_per_token_s"] == \
