@@ -23,7 +23,6 @@ import time
 from bisect import bisect_left
 from dataclasses import replace
 
-from common.engine.forward_log import WAITED_S
 
 PROBES = 3
 SPACING_S = 0.5  # each probe alone: its prefill takes tens of milliseconds
@@ -62,7 +61,7 @@ def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | 
     load's hand-offs: the read's bytes grow with the prompt). A hand-off runs from the prefill
     forward that sampled a prompt's first token (one chunk, so its prompt is its cached plus
     new tokens) to the start of the decode forward that stepped that prompt's sequence alone
-    after its instance had waited for work (its context is the prompt: the sequence just
+    on an instance that had run nothing since (its context is the prompt: the sequence just
     received). `logs`: each instance's forward log by instance id, `window`: the load's.
     Returns {"handoff_s", "handoff_per_token_s", "handoffs"}; None with fewer than
     MIN_HANDOFFS pairs (a co-located layout, a decode instance never idle)."""
@@ -77,8 +76,9 @@ def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
         -> list[tuple[int, float]]:
     """(prompt tokens, seconds) of each hand-off in the window (see `handoff`): from each
     prefill forward of one chunk that sampled, to the first decode step after it that stepped
-    one sequence of that context, if the decode instance had waited before that step (a later
-    step of another sequence can reach the same context: it is never the first after)."""
+    one sequence of that context, if that decode instance ran no forward in between (its gap
+    before the step covers the hand-off). A step of another sequence can reach the same context
+    later, and a decode instance that was busy joins the sequence to a batch: neither passes."""
     start, end = window
     steps: dict[int, list[tuple[float, float]]] = {}  # context -> (began, gap) of lone steps
     for name, lines in logs.items():
@@ -99,7 +99,7 @@ def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
             prompt = shape.context + shape.tokens
             later = steps.get(prompt, [])
             i = bisect_left(later, (sampled,))
-            if i < len(later) and later[i][1] > WAITED_S:
+            if i < len(later) and later[i][1] >= later[i][0] - sampled:
                 pairs.append((prompt, later[i][0] - sampled))
     return pairs
 
