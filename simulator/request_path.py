@@ -60,11 +60,13 @@ def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | 
     """The KV hand-off as a fixed time plus a time per prompt token (least squares over the
     load's hand-offs: the read's bytes grow with the prompt). A hand-off runs from the prefill
     forward that sampled a prompt's first token (one chunk, so its prompt is its cached plus
-    new tokens) to the start of the decode forward that stepped that prompt's sequence alone
-    on an instance that had run nothing since (its context is the prompt: the sequence just
-    received). `logs`: each instance's forward log by instance id, `window`: the load's.
-    Returns {"handoff_s", "handoff_per_token_s", "handoffs"}; None with fewer than
-    MIN_HANDOFFS pairs (a co-located layout, a decode instance never idle)."""
+    new tokens) to when the decode instance had the sequence's KV: read off the step that took
+    the sequence on (one sequence whose context is the prompt, or a batch one sequence larger
+    than the step before, its context grown by the prompt beyond the others' new tokens): the
+    step's start if the instance had run nothing since the prefill, else halfway between the
+    step before and this one. `logs`: each instance's forward log by instance id, `window`:
+    the load's. Returns {"handoff_s", "handoff_per_token_s", "handoffs"}; None with fewer
+    than MIN_HANDOFFS pairs (a co-located layout)."""
     pairs = _handoff_pairs(logs, window)
     if len(pairs) < MIN_HANDOFFS:
         return None
@@ -74,34 +76,56 @@ def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | 
 
 def _handoff_pairs(logs: dict[str, list[dict]], window: tuple[float, float]) \
         -> list[tuple[int, float]]:
-    """(prompt tokens, seconds) of each hand-off in the window (see `handoff`): from each
-    prefill forward of one chunk that sampled, to the first decode step after it that stepped
-    one sequence of that context, if that decode instance ran no forward in between (its gap
-    before the step covers the hand-off). A step of another sequence can reach the same context
-    later, and a decode instance that was busy joins the sequence to a batch: neither passes."""
+    """(prompt tokens, seconds) of each hand-off that began in the window (see `handoff`)."""
     start, end = window
-    steps: dict[int, list[tuple[float, float]]] = {}  # context -> (began, gap) of lone steps
-    for name, lines in logs.items():
-        for line in lines if name.startswith("decode") else ():
-            shape = line["shape"]
-            if shape.kind == "decode" and shape.decodes == 1:
-                steps.setdefault(shape.context, []).append(
-                    (line["time"] - line["turn_s"], line["gap_s"]))
-    for began in steps.values():
-        began.sort()
-    pairs = []
+    sampled: dict[int, list[float]] = {}  # prompt tokens -> when a prefill forward sampled one
     for name, lines in logs.items():
         for line in lines if name.startswith("prefill") else ():
-            shape, sampled = line["shape"], line["time"]
-            if not (start <= sampled <= end and shape.rows == 1 and shape.prompts == 1
-                    and not shape.decodes):
+            shape = line["shape"]
+            if shape.rows == 1 and shape.prompts == 1 and not shape.decodes:
+                sampled.setdefault(shape.context + shape.tokens, []).append(line["time"])
+    for times in sampled.values():
+        times.sort()
+    pairs, used = [], set()
+    for name, lines in logs.items():
+        for previous, line in zip([None, *lines], lines) if name.startswith("decode") else ():
+            prompt = _joined(previous, line)
+            times = sampled.get(prompt, [])  # the latest prefill of that prompt before the step
+            i = bisect_left(times, line["time"] - line["turn_s"]) - 1
+            if i < 0 or (prompt, i) in used or not start <= times[i] <= end:
                 continue
-            prompt = shape.context + shape.tokens
-            later = steps.get(prompt, [])
-            i = bisect_left(later, (sampled,))
-            if i < len(later) and later[i][1] >= later[i][0] - sampled:
-                pairs.append((prompt, later[i][0] - sampled))
+            arrived = _arrival(previous, line, times[i])
+            if arrived is not None:
+                used.add((prompt, i))
+                pairs.append((prompt, arrived - times[i]))
     return pairs
+
+
+def _joined(previous: dict | None, line: dict) -> int | None:
+    """The prompt tokens of the one sequence a decode step took on beside those of the step
+    before (each of which gained a token), or of a step of one sequence; None otherwise."""
+    shape = line["shape"]
+    if shape.kind != "decode":
+        return None
+    if shape.decodes == 1:
+        return shape.context
+    before = previous["shape"] if previous else None
+    if before is None or before.kind != "decode" or shape.decodes != before.decodes + 1:
+        return None
+    return shape.context - before.context - before.decodes
+
+
+def _arrival(previous: dict | None, line: dict, sampled: float) -> float | None:
+    """When the sequence's KV was in: a step of it alone on an instance idle since the prefill
+    started right then (the loop polls every millisecond while a read runs); a step that took
+    it on beside others, halfway between the turn before (or the prefill) and this one's start.
+    None for a lone step on an instance busy in between (another sequence's later step)."""
+    began = line["time"] - line["turn_s"]
+    if line["gap_s"] >= began - sampled:
+        return began if line["shape"].decodes == 1 else None
+    if line["shape"].decodes == 1 or previous is None:
+        return None
+    return (max(previous["time"] - previous["turn_s"], sampled) + began) / 2
 
 
 def _line_fit(pairs: list[tuple[int, float]]) -> tuple[float, float]:

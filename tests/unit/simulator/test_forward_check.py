@@ -169,7 +169,8 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
     middle = BatchPlan([chunk("c", 20, 0, sample=False)]).shape()  # samples nothing
     # hand-offs of 0.01 + 0.0001 s per token: prompts 100, 300, 500
     logs = {"prefill-0": [line(10.0, middle), line(10.2, last(100)), line(11.0, last(300)),
-                          line(12.0, last(500)), line(12.5, last(100)), line(30.0, last(500))],
+                          line(12.0, last(500)), line(12.5, last(100)), line(19.99, last(250)),
+                          line(30.0, last(500))],
             "decode-0": [line(10.23, ForwardShape.decode_step(1, 100)),  # began 10.22
                          line(11.05, ForwardShape.decode_step(1, 300)),  # began 11.04
                          line(12.07, ForwardShape.decode_step(1, 500)),  # began 12.06
@@ -178,9 +179,13 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
                          line(12.60, ForwardShape.decode_step(2, 600)),
                          # another sequence reaching context 300 later, alone after a wait:
                          # not the first step at 300 after that prefill, so no hand-off
-                         line(19.01, ForwardShape.decode_step(1, 300), gap=0.002)]}
+                         line(19.01, ForwardShape.decode_step(1, 300), gap=0.002),
+                         # a busy instance takes the 250-token prompt on at the step that
+                         # began 20.05 (the one before began 20.00): its KV came halfway
+                         line(20.01, ForwardShape.decode_step(2, 400), gap=0.0001),
+                         line(20.06, ForwardShape.decode_step(3, 400 + 2 + 250), gap=0.0001)]}
     fit = handoff(logs, (0.0, 20.0))
-    assert fit["handoffs"] == 3
+    assert fit["handoffs"] == 4
     assert fit["handoff_s"] == pytest.approx(0.01) and fit["handoff_per_token_s"] == \
         pytest.approx(0.0001)
     assert handoff(logs, (0.0, 11.5)) is None  # two pairs in the window: too few to read
