@@ -183,7 +183,10 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
                          # a busy instance takes the 250-token prompt on at the step that
                          # began 20.05 (the one before began 20.00): its KV came halfway
                          line(20.01, ForwardShape.decode_step(2, 400), gap=0.0001),
-                         line(20.06, ForwardShape.decode_step(3, 400 + 2 + 250), gap=0.0001)]}
+                         line(20.06, ForwardShape.decode_step(3, 400 + 2 + 250), gap=0.0001),
+                         # later, another sequence alone at context 250 after a short wait: the
+                         # instance ran forwards since that prefill, so it is no hand-off
+                         line(25.01, ForwardShape.decode_step(1, 250), gap=0.002)]}
     fit = handoff(logs, (0.0, 20.0))
     assert fit["handoffs"] == 4
     assert fit["handoff_s"] == pytest.approx(0.01) and fit["handoff_per_token_s"] == \
