@@ -57,7 +57,7 @@ MIN_HANDOFFS = 3  # fewer pairs: no hand-off is read off the log
 
 
 def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | None:
-    """The KV hand-off as a fixed time plus a time per prompt token (least squares over the
+    """The KV hand-off as a fixed time plus a time per prompt token (a robust line through the
     load's hand-offs: the read's bytes grow with the prompt). A hand-off runs from the prefill
     forward that sampled a prompt's first token (one chunk, so its prompt is its cached plus
     new tokens) to when the decode instance had the sequence's KV: read off the step that took
@@ -129,14 +129,17 @@ def _arrival(previous: dict | None, line: dict, sampled: float) -> float | None:
 
 
 def _line_fit(pairs: list[tuple[int, float]]) -> tuple[float, float]:
-    """(a, b) of seconds = a + b x tokens by least squares, both >= 0: a falling fit is a flat
-    one (the mean), a negative intercept one through the origin."""
-    xs, ys = [float(x) for x, _ in pairs], [y for _, y in pairs]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    """(a, b) of seconds = a + b x tokens, both >= 0, fitted robustly (Theil-Sen: b the median
+    of the pairwise slopes, a the median of seconds - b x tokens), since a few pairs can be far
+    off the line (a sequence that waited for admission, a chance match of two contexts: one 9 s
+    pair among 27 of 20-93 ms on a high-rate run). A falling fit is a flat one (the median); a
+    negative intercept one through the origin (the median of seconds per token)."""
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(pairs)
+              for x2, y2 in pairs[i + 1:] if x2 != x1]
+    b = statistics.median(slopes) if slopes else 0.0
     if b <= 0:
-        return my, 0.0
-    if my - b * mx < 0:
-        return 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
-    return my - b * mx, b
+        return statistics.median(y for _, y in pairs), 0.0
+    a = statistics.median(y - b * x for x, y in pairs)
+    if a < 0:
+        return 0.0, statistics.median(y / x for x, y in pairs if x > 0)
+    return a, b

@@ -209,8 +209,15 @@ def test_a_falling_or_negative_handoff_fit_is_flat_or_through_the_origin():
     from simulator.request_path import _line_fit
     assert _line_fit([(100, 0.05), (200, 0.04), (300, 0.03)]) == pytest.approx((0.04, 0.0))
     a, b = _line_fit([(100, 0.001), (200, 0.012), (300, 0.023)])  # intercept -0.01
-    assert a == 0.0 and b == pytest.approx((0.1 + 2.4 + 6.9) / (1 + 4 + 9) * 1e-4)
+    assert a == 0.0 and b == pytest.approx(0.012 / 200)  # the median seconds per token
     assert _line_fit([(100, 0.02)] * 3) == pytest.approx((0.02, 0.0))
+
+
+def test_a_few_pairs_far_off_the_line_do_not_move_the_handoff_fit():
+    from simulator.request_path import _line_fit
+    line = [(n, 0.01 + 2e-5 * n) for n in range(100, 2000, 100)]
+    assert _line_fit(line) == pytest.approx((0.01, 2e-5))
+    assert _line_fit([*line, (1500, 9.0), (700, 4.0)]) == pytest.approx((0.01, 2e-5))
 
 
 def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():
