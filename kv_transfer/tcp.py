@@ -112,13 +112,16 @@ class TcpBackend(ServedBackend):
         for first in range(0, len(remote), step):
             asked.append((self._ask(sock, remote[first:first + step]), local[first:first + step]))
             if len(asked) == IN_FLIGHT:
-                num_bytes += self._store(self._reply(sock, job, asked[0][0]), asked.popleft()[1])
+                num_bytes += self._store(sock, job, *asked.popleft())
         while asked:
-            num_bytes += self._store(self._reply(sock, job, asked[0][0]), asked.popleft()[1])
+            num_bytes += self._store(sock, job, *asked.popleft())
         return num_bytes
 
-    def _store(self, frames: list, local_block_ids: list[int]) -> int:
-        """Copy one reply's blocks into ours; returns the bytes."""
+    def _store(self, sock: zmq.Socket, job: TransferJob, seq: int,
+               local_block_ids: list[int]) -> int:
+        """Wait for the reply to request `seq` and copy its blocks into ours; returns the
+        bytes."""
+        frames = self._reply(sock, job, seq)
         data = self._frame_tensor(frames[1], len(local_block_ids))
         index = torch.tensor(local_block_ids, dtype=torch.long)
         self.kv_cache.tensor.index_copy_(2, index, data)
