@@ -30,6 +30,9 @@ from bench.workload import BenchRequest
 from common.errors import SplitserveError
 
 _ERROR_BODY_CHARS = 500
+# How long an idle connection stays in the client's pool: under the 5 s keep-alive that
+# uvicorn-based servers (vLLM's, SGLang's, ours before 2026-11-28) close idle ones after
+POOLED_IDLE_S = 4.0
 
 
 @dataclass
@@ -252,8 +255,11 @@ async def _sender(url: str, model: str, ignore_eos: bool, temperature: float,
     (https, or an httpx transport given: tests) over httpx."""
     if transport is None and url.startswith("http://"):
         # No connection limit (a capped pool would queue requests in the client and inflate
-        # their TTFT); trust_env off: no proxy from the environment between us and the server.
-        connector = aiohttp.TCPConnector(limit=0)
+        # their TTFT); idle pooled connections dropped before uvicorn-based servers close them
+        # (their default keep-alive is 5 s: reusing one as it closes fails the request with
+        # "Server disconnected"); trust_env off: no proxy from the environment between us and
+        # the server.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=POOLED_IDLE_S)
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout,
                                          trust_env=False) as session:

@@ -38,7 +38,7 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from bench.client import RequestRecord, post_stream_aiohttp
+from bench.client import POOLED_IDLE_S, RequestRecord, post_stream_aiohttp
 from bench.metrics import run_duration, summarize
 from bench.workload import Tokenizer
 from common.config import ConfigError
@@ -287,7 +287,7 @@ async def run_conversations(url: str, model: str, conversations: Sequence[Conver
     if len(conversations) != len(arrivals):
         raise ValueError(f"{len(conversations)} conversations but {len(arrivals)} arrivals")
     # As bench.client: no connection cap (it would queue turns in the client), no proxies.
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=POOLED_IDLE_S)
     async with aiohttp.ClientSession(connector=connector, trust_env=False,
                                      timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
         with tqdm(total=sum(len(c.turns) for c in conversations), desc="turns", unit="req",

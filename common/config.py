@@ -369,6 +369,11 @@ class GatewayConfig:
     gateway_id: str = ""  # unique per replica; "" = generated
     advertise_host: str | None = None  # the address instances reply to (pod IP); None = host
     graceful_shutdown_s: float = 30.0  # finish in-flight streams this long on SIGTERM
+    # An idle client connection stays open this long. Longer than clients keep idle pooled
+    # connections (aiohttp 15 s, httpx 5 s) and than load balancers' idle timeouts (60 s): a
+    # client that reuses a pooled connection the server is closing at that moment gets
+    # "Server disconnected" (uvicorn's own default of 5 s raced aiohttp's 15 s)
+    keep_alive_s: float = 75.0
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     cluster_secret_file: str | None = None  # CurveZMQ on every internal socket
     max_recoveries: int = 2  # times a request is run again after its instance failed
@@ -379,3 +384,4 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         _require(0 < self.port < 65536, f"port must be in 1..65535, got {self.port}")
         _require(self.request_timeout_s > 0 and self.token_timeout_s > 0, "timeouts must be > 0")
+        _require(self.keep_alive_s > 0, f"keep_alive_s must be > 0, got {self.keep_alive_s}")

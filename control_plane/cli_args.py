@@ -278,6 +278,10 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                        help="an instance silent this long is declared dead")
     group.add_argument("--graceful-shutdown", type=float, default=30.0,
                        help="seconds to finish in-flight streams on SIGTERM")
+    group.add_argument("--keep-alive", type=float, default=75.0,
+                       help="seconds an idle client connection stays open (longer than "
+                            "clients pool idle connections and than load balancers' idle "
+                            "timeouts, so no client reuses one the gateway is closing)")
     limits = parser.add_argument_group("admission control and limits (0 = none)")
     limits.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
     limits.add_argument("--max-prompt-tokens", type=int, default=0)
@@ -344,7 +348,8 @@ def gateway_config(args: argparse.Namespace, inbox_port: int) -> GatewayConfig:
                          flip_policy=args.flip_policy,
                          flip_options=key_values(args.flip_option, "--flip-option"),
                          advertise_host=getattr(args, "advertise_host", None),
-                         graceful_shutdown_s=args.graceful_shutdown, limits=limits_config(args),
+                         graceful_shutdown_s=args.graceful_shutdown, keep_alive_s=args.keep_alive,
+                         limits=limits_config(args),
                          cluster_secret_file=args.cluster_secret_file,
                          max_recoveries=args.max_recoveries,
                          instance_timeout_s=args.instance_timeout,

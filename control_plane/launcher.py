@@ -40,16 +40,19 @@ def build_gateway(config: GatewayConfig) -> tuple[Gateway, set[str]]:
     return Gateway(config, tokenizer, served), aliases
 
 
+def http_config(app, config: GatewayConfig) -> uvicorn.Config:
+    """The gateway's HTTP server: quiet logs, its shutdown grace and keep-alive from the config."""
+    return uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                          access_log=False, timeout_graceful_shutdown=config.graceful_shutdown_s,
+                          timeout_keep_alive=config.keep_alive_s)
+
+
 def serve_gateway(gateway: Gateway, aliases: set[str], on_ready=None,
                   startup_failure=None, expected_instances: int = 0) -> None:
     """Run the HTTP server until SIGINT/SIGTERM; `on_ready(url)` once the cluster serves and
     at least `expected_instances` instances have reported ready. `startup_failure()` is polled
     until then: a message from it stops the server and raises."""
-    config = gateway.config
-    app = create_app(gateway, aliases)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level="warning", access_log=False,
-                                           timeout_graceful_shutdown=config.graceful_shutdown_s))
+    server = uvicorn.Server(http_config(create_app(gateway, aliases), gateway.config))
     failure: list[str] = []
     if on_ready is not None or startup_failure is not None:
         threading.Thread(target=_announce, daemon=True,
