@@ -104,6 +104,9 @@ def table(directories: list[Path]) -> str:
         for path in case_files(directory):
             result = json.loads(path.read_text())
             label = f"{path.stem} ({directory.name})" if len(directories) > 1 else path.stem
+            failed = result.get("real", {}).get("summary", {}).get("num_errors", 0)
+            if failed:  # the simulated side serves them: the two runs do not compare evenly
+                label += f" [{failed} real request{'s' * (failed > 1)} failed]"
             lines += ["| " + " | ".join(cells) + " |" for cells in rows(label, result)]
     return "\n".join(lines)
 

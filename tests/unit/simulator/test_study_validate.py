@@ -168,6 +168,10 @@ def test_the_validation_table_marks_misses_and_skips_calibration_files(tmp_path)
     assert lines[2].startswith("| vllm-LPLD-low-s0 | 0.64 | +2.0% | +0.0% | - |")
     assert lines[2].endswith("| -3.1% | - |")
     assert "+50.0% *" in lines[3] and lines[3].endswith("| - | - |")
+    failed = {**case(1.02, None), "real": {"summary": {"num_errors": 1}}}
+    (tmp_path / "vllm-LPLD-low-s0.json").write_text(json.dumps(failed))
+    assert table([tmp_path]).splitlines()[2].startswith(
+        "| vllm-LPLD-low-s0 [1 real request failed] | 0.64 |")
 
 
 def test_a_calibrated_case_shows_the_profile_alone_beside_the_calibration(tmp_path):
