@@ -278,7 +278,7 @@ def add_gateway_args(parser: argparse.ArgumentParser) -> None:
                        help="an instance silent this long is declared dead")
     group.add_argument("--graceful-shutdown", type=float, default=30.0,
                        help="seconds to finish in-flight streams on SIGTERM")
-    group.add_argument("--keep-alive", type=float, default=75.0,
+    group.add_argument("--keep-alive", type=float, default=GatewayConfig.keep_alive_s,
                        help="seconds an idle client connection stays open (longer than "
                             "clients pool idle connections and than load balancers' idle "
                             "timeouts, so no client reuses one the gateway is closing)")

@@ -47,7 +47,9 @@ def test_the_gateway_keeps_an_idle_connection_past_uvicorns_default():
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
     thread.start()
     try:
+        deadline = time.monotonic() + 30
         while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
             time.sleep(0.01)
         with socket.create_connection(listener.getsockname(), timeout=10) as sock:
             assert b"200 OK" in _request(sock)
