@@ -35,31 +35,32 @@ def _cost_args(parser: argparse.ArgumentParser) -> None:
     costs.add_argument("--save-costs", metavar="FILE", help="write the cost model used")
 
 
+# The simulated serving stack's own times, 0 unless measured (Layout checks they are >= 0).
+_ZERO_SECONDS_FLAGS = (
+    ("--message-latency", "delay of control messages (requests, offers, acknowledgements)"),
+    ("--turn-overhead", "an instance loop's own work per forward, beside the forward (real "
+                        "instances report it: GET /cluster forward_turn_seconds - busy_seconds "
+                        "over num_forwards)"),
+    ("--request-latency", "the serving stack's own latency per request beyond the forwards "
+                          "(HTTP, tokenization, routing, the first token's way back; "
+                          "simulator.request_path measures it)"),
+    ("--wake", "extra time of a forward that starts when its instance had nothing to do "
+               "(threads and caches waking up; simulator.calibrate measures it from a forward "
+               "log)"),
+    ("--handoff", "the KV hand-off's own time beyond the link, added to every transfer "
+                  "(simulator.request_path.handoff reads it off forward logs)"),
+    ("--handoff-per-token", "the KV hand-off's time per prompt token beyond the link's bytes "
+                            "(measured with --handoff by simulator.request_path.handoff)"),
+)
+
+
 def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulation")
     sim.add_argument("--link", choices=LINKS, default=None,
                      help="KV link (default: --emulate-bandwidth if given, else the cost "
                           "model's)")
-    sim.add_argument("--message-latency", type=float, default=0.0, metavar="SECONDS",
-                     help="delay of control messages (requests, offers, acknowledgements)")
-    sim.add_argument("--turn-overhead", type=float, default=0.0, metavar="SECONDS",
-                     help="an instance loop's own work per forward, beside the forward "
-                          "(real instances report it: GET /cluster forward_turn_seconds - "
-                          "busy_seconds over num_forwards)")
-    sim.add_argument("--request-latency", type=float, default=0.0, metavar="SECONDS",
-                     help="the serving stack's own latency per request beyond the forwards "
-                          "(HTTP, tokenization, routing, the first token's way back; "
-                          "simulator.request_path measures it)")
-    sim.add_argument("--wake", type=float, default=0.0, metavar="SECONDS",
-                     help="extra time of a forward that starts when its instance had nothing "
-                          "to do (threads and caches waking up; simulator.calibrate measures it "
-                          "from a forward log)")
-    sim.add_argument("--handoff", type=float, default=0.0, metavar="SECONDS",
-                     help="the KV hand-off's own time beyond the link, added to every transfer "
-                          "(simulator.request_path.handoff reads it off forward logs)")
-    sim.add_argument("--handoff-per-token", type=float, default=0.0, metavar="SECONDS",
-                     help="the KV hand-off's time per prompt token beyond the link's bytes "
-                          "(measured with --handoff by simulator.request_path.handoff)")
+    for flag, help_text in _ZERO_SECONDS_FLAGS:
+        sim.add_argument(flag, type=float, default=0.0, metavar="SECONDS", help=help_text)
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from control_plane.cli import main
+import pytest
+
+from control_plane.cli import build_parser, main
+from control_plane.cli_args import cluster_instance_config, gateway_config
+from simulator.cli import layout_from_args
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = ROOT / "docs/benchmarks/profile-cpu-zen4-s5/profile.json"
@@ -46,3 +50,25 @@ def test_without_a_cost_model_it_says_how_to_get_one(tmp_path, capsys):
     assert main(["simulate", "--cache-dir", str(tmp_path), "--out",
                  str(tmp_path / "r.json")]) == 2
     assert "run `splitserve profile`" in capsys.readouterr().err
+
+
+STACK_TIMES = {"--message-latency": "message_latency_s", "--turn-overhead": "turn_overhead_s",
+               "--request-latency": "request_latency_s", "--wake": "wake_s",
+               "--handoff": "handoff_s", "--handoff-per-token": "handoff_per_token_s"}
+
+
+def test_each_stack_time_flag_reaches_its_layout_field():
+    for i, (flag, field) in enumerate(STACK_TIMES.items()):
+        args = build_parser().parse_args(["simulate", flag, f"0.00{i + 1}"])
+        layout = layout_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+        assert getattr(layout, field) == pytest.approx((i + 1) / 1000)
+        assert all(getattr(layout, other) == 0.0 for other in STACK_TIMES.values()
+                   if other != field)
+
+
+def test_a_negative_stack_time_is_refused_in_one_line(tmp_path, capsys):
+    assert main(["simulate", "--hardware", "h100-llama2-7b", "--handoff", "-0.5", "--out",
+                 str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("splitserve simulate: error:") and "must be >= 0" in err
+    assert "\n" not in err and not (tmp_path / "r.json").exists()
