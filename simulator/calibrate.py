@@ -136,17 +136,19 @@ def kind_ratios(chosen: list[tuple[dict, float]], every: list[tuple[dict, float]
 def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
                    mode: str = "forwards", real_from: Path | None = None) -> dict:
     """The held-out run of `case` (a seed the validation does not use) for real once (or its
-    earlier run in `real_from`), then `from_forwards` on its forward log, or (mode
+    earlier run in `real_from`, at the rate it ran at), then `from_forwards` on its forward log, or (mode
     "latencies") `fit_factor` on its summary; written as calibration-<case>.json."""
     from simulator import validate as v
     from simulator.forward_check import forward_classes
 
     costs, profile = v.profile_for(profiles, v.LAYOUTS[case.layout][1])
-    rate = v.case_rate(case, costs)
+    path = real_from / f"calibration-{case.name}.json" if real_from else None
+    earlier = json.loads(path.read_text()) if path and path.is_file() else None
+    # an earlier run is simulated at the rate it ran at, whatever rate this profile would pick
+    rate = earlier["rate"] if earlier else v.case_rate(case, costs)
     requests, arrivals = v.bench_requests(case, num, rate)
-    earlier = real_from / f"calibration-{case.name}.json" if real_from else None
-    real = (json.loads(earlier.read_text())["real"] if earlier and earlier.is_file()
-            else v.real_run(case, requests, arrivals, cache_dir, out / "logs"))
+    real = earlier["real"] if earlier else v.real_run(case, requests, arrivals, cache_dir,
+                                                      out / "logs")
     result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
               "turn_overhead_s": 0.0}
     logs = run_logs(real)

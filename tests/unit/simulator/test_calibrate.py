@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from simulator.run import simulate
 from simulator.workload import SyntheticShape, synthetic
 
 from unit.simulator.sim_fixtures import COSTS, coupled
+from unit.simulator.test_cli import RECORD, ROOT
 
 
 def test_scaled_multiplies_every_forward_and_nothing_else():
@@ -43,3 +45,32 @@ def test_the_fitted_factor_recovers_a_known_slowdown():
     factor, tried = fit_factor(run(1.3), run, grid=(1.0, 1.1, 1.2, 1.3, 1.4, 1.5))
     assert factor == 1.3 and len(tried) == 6
     assert min(r["mismatch"] for r in tried) == 0.0
+
+
+def test_an_earlier_held_out_run_is_simulated_at_the_rate_it_ran_at(tmp_path, monkeypatch):
+    """Re-simulating a held-out run under another profile (--real-from) must not move its
+    arrivals to the rate the new profile would pick."""
+    import simulator.forward_check
+    from simulator import validate as v
+    from simulator.calibrate import calibrate_case
+
+    case = v.Case("1P1D", "LPLD", "low", 9)
+    summary = json.loads((ROOT / "docs/benchmarks/simulator_validation/zen3-5/"
+                          "1P1D-HPLD-low-s0.json").read_text())["real"]["summary"]
+    (tmp_path / f"calibration-{case.name}.json").write_text(json.dumps(
+        {"rate": 0.123, "real": {"summary": summary}}))
+    seen = []
+
+    def simulated_run(case, requests, arrivals, costs, cache_dir, charges=None):
+        seen.append(list(arrivals))
+        return {"summary": summary, "forwards": []}
+
+    monkeypatch.setattr(v, "simulated_run", simulated_run)
+    # arrivals that name their rate (no tokenizer needed)
+    monkeypatch.setattr(v, "bench_requests", lambda case, num, rate: ([None] * num, [rate] * num))
+    monkeypatch.setattr(simulator.forward_check, "forward_classes", lambda *args: {})
+    result = calibrate_case(case, 5, v.load_profiles([str(RECORD)]), "cache", tmp_path / "out",
+                            "latencies", tmp_path)
+    assert result["rate"] == 0.123 and seen
+    assert all(arrivals == [0.123] * 5 for arrivals in seen)
+    assert v.case_rate(case, v.profile_for(v.load_profiles([str(RECORD)]), 1)[0]) != 0.123
