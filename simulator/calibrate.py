@@ -136,8 +136,9 @@ def kind_ratios(chosen: list[tuple[dict, float]], every: list[tuple[dict, float]
 def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
                    mode: str = "forwards", real_from: Path | None = None) -> dict:
     """The held-out run of `case` (a seed the validation does not use) for real once (or its
-    earlier run in `real_from`, at the rate it ran at), then `from_forwards` on its forward log, or (mode
-    "latencies") `fit_factor` on its summary; written as calibration-<case>.json."""
+    earlier run in `real_from`, at the rate it ran at), then `from_forwards` on its forward
+    log, or (mode "latencies") `fit_factor` on its summary; written as
+    calibration-<case>.json."""
     from simulator import validate as v
     from simulator.forward_check import forward_classes
 
