@@ -69,8 +69,8 @@ def test_an_earlier_held_out_run_is_simulated_at_the_rate_it_ran_at(tmp_path, mo
     # arrivals that name their rate (no tokenizer needed)
     monkeypatch.setattr(v, "bench_requests", lambda case, num, rate: ([None] * num, [rate] * num))
     monkeypatch.setattr(simulator.forward_check, "forward_classes", lambda *args: {})
-    result = calibrate_case(case, 5, v.load_profiles([str(RECORD)]), "cache", tmp_path / "out",
-                            "latencies", tmp_path)
+    profiles = v.load_profiles([str(RECORD)])
+    result = calibrate_case(case, 5, profiles, "cache", tmp_path / "out", "latencies", tmp_path)
     assert result["rate"] == 0.123 and seen
     assert all(arrivals == [0.123] * 5 for arrivals in seen)
-    assert v.case_rate(case, v.profile_for(v.load_profiles([str(RECORD)]), 1)[0]) != 0.123
+    assert v.case_rate(case, v.profile_for(profiles, 1)[0]) != 0.123
