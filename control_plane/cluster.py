@@ -100,6 +100,9 @@ class InstanceRegistry:
         # This gateway's inbox: instances echo how many requests they received from each
         # (InstanceStats.requests_seen). "" = no echo: a new report clears the sent counts.
         self.address = ""
+        # Instances that take new work, by role (`_routable_by_role`); None: rebuild
+        self._by_role: dict[str, list[InstanceState]] | None = None
+        self._by_role_size = 0
 
     def expect(self, instance_ids) -> None:
         """The cluster was launched with these instances: it is complete once each reported."""
@@ -118,12 +121,15 @@ class InstanceRegistry:
             now = time.monotonic()
             self.instances[stats.instance_id] = InstanceState(
                 stats, now, num_sent=self._echo(stats), first_seen=now)
+            self._by_role = None
         elif is_repeat(state.stats, stats):
             # During a long forward the instance's heartbeat resends its last report, and the
             # store hands it back on every sync: it says nothing about what was sent since.
             state.last_seen = time.monotonic()
             return False
         else:
+            if is_new or stats.draining != state.stats.draining or state.flip_target:
+                self._by_role = None  # its role or whether it takes work may change
             previous, state.stats, state.last_seen = state.stats, stats, time.monotonic()
             self._acknowledge(state, previous)
             if is_new:
@@ -164,17 +170,21 @@ class InstanceRegistry:
         now = time.monotonic()
         removed = [i for i, s in self.instances.items()
                    if i not in present and now - s.last_seen > self.instance_timeout_s]
-        for instance_id in removed:
-            del self.instances[instance_id]
+        self._remove(removed)
         return removed
 
     def expire(self) -> list[str]:
         """Remove instances silent for longer than the timeout; returns their ids."""
         now = time.monotonic()
         removed = [i for i, s in self.instances.items() if not self.is_ready(s, now)]
-        for instance_id in removed:
-            del self.instances[instance_id]
+        self._remove(removed)
         return removed
+
+    def _remove(self, instance_ids: list[str]) -> None:
+        for instance_id in instance_ids:
+            del self.instances[instance_id]
+        if instance_ids:
+            self._by_role = None
 
     def touch_all(self) -> None:
         """The store is unreachable: keep the last view alive rather than declare all dead."""
@@ -187,6 +197,7 @@ class InstanceRegistry:
         state = self.instances.get(instance_id)
         if state is not None:
             state.flip_target = target_role
+            self._by_role = None
 
     def is_ready(self, state: InstanceState, now: float | None = None) -> bool:
         if self.managed_by_store:
@@ -201,7 +212,25 @@ class InstanceRegistry:
 
     def routable(self, role: str) -> list[InstanceState]:
         """Ready instances of `role` that take new work (not draining for a flip)."""
-        return [s for s in self.ready(role) if not s.draining]
+        states = self._routable_by_role().get(role, ())
+        if self.managed_by_store:
+            return list(states)
+        now = time.monotonic()
+        return [s for s in states if self.is_ready(s, now)]
+
+    def _routable_by_role(self) -> dict[str, list[InstanceState]]:
+        """Instances not draining, by role, in registration order. Every request's routing
+        reads these several times, so they are rebuilt only when an instance joins, leaves,
+        changes role or starts or stops draining, not scanned from every instance each time
+        (the size check also catches an instance deleted from `instances` directly)."""
+        by_role = self._by_role
+        if by_role is None or self._by_role_size != len(self.instances):
+            by_role = {}
+            for state in self.instances.values():
+                if not state.draining:
+                    by_role.setdefault(state.stats.role, []).append(state)
+            self._by_role, self._by_role_size = by_role, len(self.instances)
+        return by_role
 
     def is_serving(self) -> bool:
         """A prefill and a decode instance, or a coupled one (serves requests end to end); and

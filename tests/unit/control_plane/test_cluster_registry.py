@@ -282,3 +282,32 @@ def test_coupled_instances_serve_alone_and_prefill_needs_a_decode(registry):
     registry.report(stats("c0", role="coupled"))
     assert registry.is_serving()
     assert registry.least_loaded_prefill().stats.instance_id == "c0"
+
+
+def ids(states) -> list[str]:
+    return [s.stats.instance_id for s in states]
+
+
+def test_routable_follows_every_change_of_membership_role_and_draining(registry, clock):
+    """Routing reads routable lists kept between changes: each kind of change shows at once."""
+    for name, role in [("p0", "prefill"), ("d0", "decode"), ("p1", "prefill")]:
+        registry.report(stats(name, role=role))
+    assert ids(registry.routable("prefill")) == ["p0", "p1"]
+    registry.routable("prefill").clear()  # a caller's list is its own
+    assert ids(registry.entry_points()) == ["p0", "p1"]
+    registry.report(stats("p1", role="prefill", timestamp=1.0, draining=True))
+    assert ids(registry.routable("prefill")) == ["p0"]
+    registry.report(stats("p1", role="prefill", timestamp=2.0))  # draining ended
+    assert ids(registry.routable("prefill")) == ["p0", "p1"]
+    registry.mark_flipping("p0", "decode")
+    assert ids(registry.routable("prefill")) == ["p1"] and registry.routable("decode") != []
+    registry.report(stats("p0", role="decode", timestamp=3.0))  # the flip completed
+    assert ids(registry.routable("decode")) == ["p0", "d0"]  # in registration order
+    del registry.instances["d0"]  # removed behind the registry's back
+    assert ids(registry.routable("decode")) == ["p0"]
+    clock.advance(1.0)  # not ready: filtered at the read, no report needed
+    assert registry.routable("decode") == []
+    registry.managed_by_store = True
+    assert ids(registry.routable("decode")) == ["p0"]
+    assert registry.sync([stats("p1")]) == ["p0"]  # gone from the store for too long
+    assert registry.routable("decode") == [] and ids(registry.routable("prefill")) == ["p1"]
