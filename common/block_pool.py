@@ -30,27 +30,42 @@ would need a second preimage, 2**64 work).
 
 from __future__ import annotations
 
-import array
+import functools
 import hashlib
+import struct
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 ROOT_HASH = 0  # the parent of a sequence's first block
 
 
+@functools.lru_cache(maxsize=None)  # one per block size in use
+def _packer(num_tokens: int) -> Callable[..., bytes]:
+    """The hashed bytes: the parent hash (8 bytes, little-endian, unsigned), then each token
+    id as a signed 8-byte little-endian integer, in one `struct` call (cheaper than building
+    them piece by piece, and the same bytes)."""
+    return struct.Struct(f"<Q{num_tokens}q").pack
+
+
 def hash_block(parent: int, tokens: Sequence[int]) -> int:
-    data = parent.to_bytes(8, "little") + array.array("q", tokens).tobytes()
+    data = _packer(len(tokens))(parent, *tokens)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def iter_block_hashes(token_ids: Sequence[int], block_size: int, num_tokens: int | None = None,
-                      parent: int = ROOT_HASH, first_block: int = 0) -> Iterator[int]:
+                      parent: int = ROOT_HASH, first_block: int = 0,
+                      known: Sequence[int] = ()) -> Iterator[int]:
     """Chained hashes of the full blocks of `token_ids[:num_tokens]`, from `first_block` on
-    (`parent` being the hash of the block before it); lazy, so a lookup stops at a miss."""
+    (`parent` being the hash of the block before it); lazy, so a lookup stops at a miss.
+    `known`: the hashes of the leading blocks as another process computed them from the same
+    tokens (a prefill instance's, in its offer), taken instead of hashing those blocks again."""
     end = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
     for index in range(first_block, end // block_size):
-        parent = hash_block(parent, token_ids[index * block_size:(index + 1) * block_size])
+        if index < len(known):
+            parent = known[index]
+        else:
+            parent = hash_block(parent, token_ids[index * block_size:(index + 1) * block_size])
         yield parent
 
 
@@ -210,6 +225,8 @@ class KVCacheManager:
         self.prefix_caching = prefix_caching
         self._tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[int]] = {}  # hashes of each table's cached leading blocks
+        # hashes a sequence's sender computed for its leading blocks (`claim_prefix(known=)`)
+        self._known: dict[str, list[int]] = {}
         self.stats = PrefixStats()
 
     @property
@@ -225,6 +242,10 @@ class KVCacheManager:
 
     def table(self, seq_id: str) -> list[int]:
         return self._tables.get(seq_id, [])
+
+    def block_hashes(self, seq_id: str) -> list[int]:
+        """The hashes of the sequence's leading blocks registered so far (for its KV offer)."""
+        return list(self._hashes.get(seq_id, ()))
 
     def owners(self) -> list[str]:
         return list(self._tables)
@@ -247,14 +268,21 @@ class KVCacheManager:
         table.extend(new_blocks)
         return table
 
-    def claim_prefix(self, seq_id: str, token_ids: Sequence[int], max_tokens: int) -> int:
+    def claim_prefix(self, seq_id: str, token_ids: Sequence[int], max_tokens: int,
+                     known: Sequence[int] = ()) -> int:
         """Start a table for a sequence that has none with the cached blocks of its longest
         cached prefix (whole blocks within the first `max_tokens` tokens). Returns how many
-        tokens' KV the table now holds (0 with caching off or on a miss)."""
+        tokens' KV the table now holds (0 with caching off or on a miss). `known`: the hashes
+        of its leading full blocks as the sender computed them (a KV offer's `block_hashes`),
+        used here and by `cache_computed` instead of hashing the same tokens again; the sender
+        is a peer instance of the same cluster, trusted as much as the KV it sends."""
         if not self.prefix_caching or seq_id in self._tables or max_tokens <= 0:
             return 0
+        if known:
+            self._known[seq_id] = list(known)
         hashes, blocks = [], []
-        for block_hash in iter_block_hashes(token_ids, self.block_size, max_tokens):
+        for block_hash in iter_block_hashes(token_ids, self.block_size, max_tokens,
+                                            known=known):
             block = self.pool.cached_block(block_hash)
             if block is None:
                 break
@@ -278,8 +306,8 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else ROOT_HASH
         limit = min(num_computed, len(table) * self.block_size)
         for index, block_hash in enumerate(iter_block_hashes(
-                token_ids, self.block_size, limit, parent, first_block=len(hashes)),
-                start=len(hashes)):
+                token_ids, self.block_size, limit, parent, first_block=len(hashes),
+                known=self._known.get(seq_id, ())), start=len(hashes)):
             self.pool.cache(table[index], block_hash)
             hashes.append(block_hash)
 
@@ -297,6 +325,7 @@ class KVCacheManager:
         """Release every block of the sequence (tail first; cached ones stay cached until
         evicted). Returns how many were released."""
         self._hashes.pop(seq_id, None)
+        self._known.pop(seq_id, None)
         table = self._tables.pop(seq_id, None)
         if not table:
             return 0
@@ -312,6 +341,9 @@ class KVCacheManager:
             if owned.get(block, 0) != self.pool.ref_count(block):
                 raise BlockPoolError(f"block {block} has count {self.pool.ref_count(block)} but "
                                      f"{owned.get(block, 0)} owners")
+        strays = set(self._known) - set(self._tables)
+        if strays:
+            raise BlockPoolError(f"sender hashes kept for {len(strays)} sequences without blocks")
         for seq_id, hashes in self._hashes.items():
             if len(hashes) > len(self._tables.get(seq_id, [])):
                 raise BlockPoolError(f"{seq_id!r} has more block hashes than blocks")

@@ -135,6 +135,10 @@ class KVTransferOffer(Message):
     # Increasing per prefill process; the decode instance reports the last one it received from
     # each prefill instance (InstanceStats.offers_seen; prefill_instance/placements.py)
     offer_number: int = 0
+    # The prefix-cache hashes of the blocks the prefill instance registered for these tokens
+    # (common.block_pool's chain, same block size): the decode instance takes them instead of
+    # hashing the same prompt again
+    block_hashes: list[int] = []
 
 
 class KVChunkReady(Message):

@@ -125,7 +125,8 @@ class Receiver:
         token; the leading ones from our prefix cache when we hold that prefix (a later turn of
         a conversation we decoded), whose KV is then not read at all."""
         offer, kv = handoff.offer, self.ctx.kv
-        have = kv.claim_prefix(offer.request_id, offer.token_ids, offer.num_prompt_tokens)
+        have = kv.claim_prefix(offer.request_id, offer.token_ids, offer.num_prompt_tokens,
+                               known=offer.block_hashes)
         table = kv.grow(offer.request_id, len(offer.token_ids) + 1)
         if table is None:
             kv.free(offer.request_id)

@@ -91,7 +91,8 @@ class Handoffs:
             block_ids=list(self.ctx.kv.table(seq.seq_id)),
             num_cached_tokens=seq.num_computed_tokens, lease_expires=time.time() + self.lease_s,
             arrival_time=seq.meta.arrival_wall, deadline=seq.meta.deadline, final=final,
-            prediction=seq.meta.prediction, offer_number=number))
+            prediction=seq.meta.prediction, offer_number=number,
+            block_hashes=self.ctx.kv.block_hashes(seq.seq_id)))
         return decode
 
     def notify(self, seq: Sequence, final: bool) -> None:

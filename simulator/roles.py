@@ -169,7 +169,7 @@ class SimPrefill(SimRole):
             kv_endpoint=self.inst.instance_id, block_ids=[],
             num_cached_tokens=seq.num_computed_tokens, lease_expires=0.0,
             arrival_time=seq.meta.arrival_wall, prediction=seq.meta.prediction,
-            offer_number=number))
+            offer_number=number, block_hashes=self.inst.kv.block_hashes(seq.seq_id)))
 
     def load(self) -> dict:
         """PrefillRole.load."""
@@ -267,7 +267,8 @@ class SimDecode(SimRole):
             if not self._admits(offer):
                 return
             request_id = offer.request_id
-            have = kv.claim_prefix(request_id, offer.token_ids, offer.num_prompt_tokens)
+            have = kv.claim_prefix(request_id, offer.token_ids, offer.num_prompt_tokens,
+                                   known=offer.block_hashes)
             if kv.grow(request_id, len(offer.token_ids) + 1) is None:
                 kv.free(request_id)
                 return

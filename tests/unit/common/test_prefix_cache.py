@@ -3,11 +3,15 @@ a sequence's first chunk after its cached prefix."""
 
 from __future__ import annotations
 
+import hashlib
+
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from common.block_pool import KVCacheManager, hash_block, iter_block_hashes
+from common import block_pool
+from common.block_pool import BlockPoolError, KVCacheManager, hash_block, iter_block_hashes
 from common.config import BatchConfig
 from common.plan import ModelOutput
 from common.sampling_params import SamplingParams
@@ -38,6 +42,44 @@ def test_hashes_chain_on_the_whole_prefix_and_ignore_a_partial_block():
     assert list(iter_block_hashes(list(range(12)), BS, parent=a[0], first_block=1)) == \
         [hash_block(a[0], [4, 5, 6, 7]), hash_block(hash_block(a[0], [4, 5, 6, 7]),
                                                     [8, 9, 10, 11])]
+
+
+def test_a_block_hash_is_blake2b_of_the_documented_bytes():
+    """Gateways, prefill and decode instances must agree on every value: the parent hash as 8
+    little-endian unsigned bytes, then each token id as 8 little-endian signed bytes."""
+    for parent, tokens in [(0, [1, 2, 3, 4]), (2**64 - 1, [0, 49151, 7, 2**40]),
+                           (12345, list(range(16))), (7, [-1, 5])]:
+        data = parent.to_bytes(8, "little") + b"".join(
+            t.to_bytes(8, "little", signed=True) for t in tokens)
+        digest = hashlib.blake2b(data, digest_size=8).digest()
+        assert hash_block(parent, tokens) == int.from_bytes(digest, "little")
+
+
+def test_a_receiver_takes_the_senders_hashes_instead_of_hashing_the_prompt_again(monkeypatch):
+    tokens = list(range(100, 114))  # three full blocks and two tokens
+    sender = cached_kv()
+    run_prompt(sender, "s", tokens)
+    known = sender.block_hashes("s")
+    assert known == list(iter_block_hashes(tokens, BS, len(tokens)))
+    hashed = []
+    original = block_pool.hash_block
+    monkeypatch.setattr(block_pool, "hash_block",
+                        lambda parent, blk: hashed.append(list(blk)) or original(parent, blk))
+    receiver = cached_kv()
+    assert receiver.claim_prefix("r", tokens + [7], len(tokens), known=known) == 0  # a miss
+    receiver.grow("r", len(tokens) + 2)
+    receiver.cache_computed("r", tokens + [7, 8], len(tokens) + 2)  # a fourth block fills
+    assert hashed == [[112, 113, 7, 8]]  # only the block the sender had not registered
+    assert receiver.block_hashes("r")[:3] == known
+    assert receiver.block_hashes("r")[3] == original(known[-1], [112, 113, 7, 8])
+    receiver.check_integrity(["r"])
+    assert run_prompt(receiver, "x", tokens[:8] + [1, 2]) == 8  # registered here: shared
+    receiver.free("r")
+    assert "r" not in receiver._known
+    fresh = cached_kv()
+    fresh.claim_prefix("stray", tokens, len(tokens), known=known)  # a miss, never grown
+    with pytest.raises(BlockPoolError, match="sender hashes kept"):
+        fresh.check_integrity()
 
 
 def test_second_prompt_shares_full_blocks_and_computes_at_least_its_last_token():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from common.block_pool import KVCacheManager
+import msgspec
+
+from common.block_pool import KVCacheManager, iter_block_hashes
 from common.config import TransferConfig
 from common.protocol import KVChunkReady, KVTransferDone, KVTransferOffer
 from common.sampling_params import SamplingParams
@@ -32,8 +34,9 @@ class FakeTransfer:
         pass
 
 
-def make_receiver(num_blocks=32):
-    ctx = SimpleNamespace(kv=KVCacheManager(num_blocks, BLOCK), transfer=FakeTransfer(),
+def make_receiver(num_blocks=32, prefix_caching=False):
+    ctx = SimpleNamespace(kv=KVCacheManager(num_blocks, BLOCK, prefix_caching),
+                          transfer=FakeTransfer(),
                           outbox=FakeOutbox(), config=SimpleNamespace(transfer=TransferConfig()),
                           runner=SimpleNamespace(max_model_len=256), counts=[])
     ctx.send = ctx.outbox.send
@@ -105,3 +108,14 @@ def test_a_failed_read_counts_nothing_and_frees_the_blocks():
     assert failed.request_id == "f" and error == "KV transfer failed: transfer failed"
     done = receiver.ctx.outbox.sent[-1][1]
     assert isinstance(done, KVTransferDone) and done.status is TransferStatus.FAILED
+
+
+def test_the_prefill_instances_block_hashes_are_taken_not_computed_again():
+    receiver = make_receiver(prefix_caching=True)
+    sent = offer("h", 10)
+    hashes = list(iter_block_hashes(sent.token_ids, BLOCK, 10))
+    receiver.offer(msgspec.structs.replace(sent, block_hashes=hashes))
+    receiver.admit()
+    kv = receiver.ctx.kv
+    kv.cache_computed("h", [0] * 11, 10)  # other tokens: only the sender's hashes can match
+    assert kv.block_hashes("h") == hashes and len(hashes) == 2

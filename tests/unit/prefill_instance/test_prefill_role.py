@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from common.block_pool import KVCacheManager
+from common.block_pool import KVCacheManager, iter_block_hashes
 from common.config import EngineConfig, PredictionConfig, PrefillConfig, TransferConfig
 from common.engine.kv_cache import KVLayout
 from common.engine.role import RoleContext
@@ -22,13 +22,13 @@ from unit.role_fixtures import FakeOutbox
 GATEWAY = "tcp://gateway"
 
 
-def make_role(num_blocks=32, block_size=4) -> PrefillRole:
+def make_role(num_blocks=32, block_size=4, prefix_caching=False) -> PrefillRole:
     config = SimpleNamespace(engine=EngineConfig(), transfer=TransferConfig(),
                              prefill=PrefillConfig(chunk_size=8, dispatch_policy="least_loaded"),
                              prediction=PredictionConfig())
     runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
                              kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
-    ctx = RoleContext("prefill-0", config, runner, KVCacheManager(num_blocks, block_size),
+    ctx = RoleContext("prefill-0", config, runner, KVCacheManager(num_blocks, block_size, prefix_caching),
                       SimpleNamespace(endpoint="kv://prefill-0"), FakeOutbox(), "tcp://me")
     return PrefillRole(ctx)
 
@@ -63,3 +63,12 @@ def test_a_rejected_offer_goes_to_another_decode_and_the_gateway_hears_of_it():
     assert moved.next_instance == "d1" and not moved.token_ids
     role.handle(KVTransferDone("r", TransferStatus.DONE, ""))
     assert role.is_drained and role.ctx.kv.num_free_blocks == 32
+
+
+def test_an_offer_carries_the_prompts_block_hashes_for_the_decode_instance():
+    role = make_role(prefix_caching=True)
+    role.handoffs.decodes = [decode("d0", free=30)]
+    prefill(role, num_prompt=8)  # one chunk, two full blocks of four
+    offer, = [m for _, m in role.ctx.outbox.sent if isinstance(m, KVTransferOffer)]
+    assert offer.block_hashes == list(iter_block_hashes(list(range(1, 9)), 4, 8))
+    assert len(offer.block_hashes) == 2
