@@ -54,13 +54,23 @@ _ZERO_SECONDS_FLAGS = (
 )
 
 
+def _stack_time_args(group) -> None:
+    for flag, help_text in _ZERO_SECONDS_FLAGS:
+        group.add_argument(flag, type=float, default=0.0, metavar="SECONDS", help=help_text)
+
+
+def stack_times(args: argparse.Namespace) -> dict[str, float]:
+    """The Layout fields the stack-time flags set: each flag's name with `_s` (--wake: wake_s)."""
+    names = [flag[2:].replace("-", "_") for flag, _ in _ZERO_SECONDS_FLAGS]
+    return {f"{name}_s": getattr(args, name) for name in names}
+
+
 def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulation")
     sim.add_argument("--link", choices=LINKS, default=None,
                      help="KV link (default: --emulate-bandwidth if given, else the cost "
                           "model's)")
-    for flag, help_text in _ZERO_SECONDS_FLAGS:
-        sim.add_argument(flag, type=float, default=0.0, metavar="SECONDS", help=help_text)
+    _stack_time_args(sim)
     sim.add_argument("--flip-switch", type=float, default=0.01, metavar="SECONDS",
                      help="time a drained instance takes to switch roles")
     sim.add_argument("--plan-every-forward", action="store_true",
@@ -122,6 +132,8 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
                       help="TetriInfer class pools (simulator/pools.py; default: the study's "
                            "committed file, else built into --cache-dir)")
     plan.add_argument("--json", action="store_true", help="print the result as JSON")
+    _stack_time_args(parser.add_argument_group(
+        "plan: the serving stack's own times in every candidate, as `simulate` takes them"))
     plan.add_argument("--out", default=None, help="also write the JSON here")
     slo = parser.add_argument_group("plan: SLOs (goodput counts requests meeting both)")
     slo.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")

@@ -16,6 +16,7 @@ from pathlib import Path
 from common.config import ConfigError, GatewayConfig, InstanceConfig
 from common.schedulers.costs import PROFILE_RECORD
 from simulator import costs as cost_files
+from simulator.args import stack_times
 from simulator.cluster import Layout
 from simulator.costs import CostModel
 from simulator.fit import fit_profile
@@ -67,11 +68,8 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
                      gateway: GatewayConfig) -> Layout:
     return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
                   instance=instance, gateway=gateway, link=args.link,
-                  message_latency_s=args.message_latency, flip_switch_s=args.flip_switch,
-                  turn_overhead_s=args.turn_overhead, request_latency_s=args.request_latency,
-                  wake_s=getattr(args, "wake", 0.0), handoff_s=getattr(args, "handoff", 0.0),
-                  handoff_per_token_s=getattr(args, "handoff_per_token", 0.0),
-                  steady_decode=not getattr(args, "plan_every_forward", False))
+                  flip_switch_s=args.flip_switch, **stack_times(args),
+                  steady_decode=not args.plan_every_forward)
 
 
 def run_from_args(args: argparse.Namespace, instance: InstanceConfig,

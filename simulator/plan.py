@@ -62,9 +62,12 @@ class Candidate:
 
 
 def layout(candidate: Candidate, instance: InstanceConfig | None = None,
-           gateway: GatewayConfig | None = None, flip_options: tuple = ()) -> Layout:
+           gateway: GatewayConfig | None = None, flip_options: tuple = (),
+           stack_times: dict[str, float] | None = None) -> Layout:
     """The cluster a candidate describes, on top of `splitserve up`'s configs (TetriInfer's pure
-    disaggregation by default: no local prefill on decode instances)."""
+    disaggregation by default: no local prefill on decode instances); `stack_times`: the
+    serving stack's own times (Layout fields, simulator.args.stack_times), the same in every
+    candidate."""
     instance = instance or InstanceConfig()
     gateway = gateway or GatewayConfig(routing=RoutingConfig(local_prefill="off"))
     if candidate.num_coupled:
@@ -81,7 +84,8 @@ def layout(candidate: Candidate, instance: InstanceConfig | None = None,
         options = (tuple(flip_options) or FLIP_WATCH) if candidate.flip_policy != "none" else ()
         gateway = replace(gateway, flip_policy=candidate.flip_policy, flip_options=options)
     return Layout(num_prefill=candidate.num_prefill, num_decode=candidate.num_decode,
-                  num_coupled=candidate.num_coupled, instance=instance, gateway=gateway)
+                  num_coupled=candidate.num_coupled, instance=instance, gateway=gateway,
+                  **(stack_times or {}))
 
 
 def candidates(budget: int, prefill_fractions: Sequence[float] = (0.25, 0.5, 0.75),

@@ -124,3 +124,21 @@ def test_plan_cli_draws_a_named_workload_from_the_pools(tmp_path, capsys):
     assert {r["candidate"] for r in result["candidates"]} == {"vllm x2", "sarathi x2"}
     assert result["workload"] == {"name": "HPLD", "rate": 20.0, "duration_s": 1.0,
                                   "num_requests": None}
+
+
+def test_plan_charges_the_stack_times_in_every_candidate(tmp_path, capsys):
+    common = ["plan", "--hardware", "h100-llama2-7b", "--instances", "2", "--workload",
+              "synthetic", "--num-requests", "20", "--rate", "10", "--local-prefill", "off",
+              "--prefill-fractions", "0.5", "--policies", "sarathi", "--json"]
+    ttft = {}
+    for extra in ([], ["--request-latency", "0.3"]):
+        assert main([*common, *extra]) == 0
+        rows = json.loads(capsys.readouterr().out)["candidates"]
+        ttft[bool(extra)] = {r["candidate"]: r["ttft_p99_s"] for r in rows}
+    assert set(ttft[True]) == {"1P:1D", "sarathi x2"}
+    for name, plain in ttft[False].items():  # every request waits 0.3 s more on its way in
+        assert ttft[True][name] == pytest.approx(plain + 0.3, abs=0.05)
+    assert main([*common, "--wake", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("splitserve plan: error:") and "must be >= 0" in err
+    assert "\n" not in err
