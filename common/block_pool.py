@@ -40,7 +40,7 @@ from dataclasses import dataclass
 ROOT_HASH = 0  # the parent of a sequence's first block
 
 
-@functools.lru_cache(maxsize=None)  # one per block size in use
+@functools.cache  # one per block size in use
 def _packer(num_tokens: int) -> Callable[..., bytes]:
     """The hashed bytes: the parent hash (8 bytes, little-endian, unsigned), then each token
     id as a signed 8-byte little-endian integer, in one `struct` call (cheaper than building

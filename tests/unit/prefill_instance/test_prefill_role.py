@@ -28,7 +28,8 @@ def make_role(num_blocks=32, block_size=4, prefix_caching=False) -> PrefillRole:
                              prediction=PredictionConfig())
     runner = SimpleNamespace(max_model_len=256, swap_space=None, device=torch.device("cpu"),
                              kv_layout=KVLayout(1, num_blocks, block_size, 1, 2, "float32"))
-    ctx = RoleContext("prefill-0", config, runner, KVCacheManager(num_blocks, block_size, prefix_caching),
+    kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+    ctx = RoleContext("prefill-0", config, runner, kv,
                       SimpleNamespace(endpoint="kv://prefill-0"), FakeOutbox(), "tcp://me")
     return PrefillRole(ctx)
 

@@ -1,11 +1,15 @@
-"""One simulator.speed configuration, timed (CPU s, events, forwards): INSTANCES RATE SECONDS."""
-import sys, time
-from simulator.speed import speed_layout
+"""One simulator.speed configuration, timed: INSTANCES RATE SECONDS -> CPU s, events, forwards."""
+import sys
+import time
+
 from simulator.hardware import hardware_costs
 from simulator.run import simulate
+from simulator.speed import speed_layout
 from simulator.workload import synthetic
-n, rate, dur = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
-reqs = synthetic(int(rate * dur), rate, 0)
-t = time.process_time()
-rep = simulate(speed_layout(n), hardware_costs("h100-llama2-7b"), reqs, seed=0)
-print("cpu", time.process_time() - t, rep["simulation"]["events"], rep["simulation"]["forwards"])
+
+instances, rate, duration = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+requests = synthetic(int(rate * duration), rate, 0)
+start = time.process_time()
+report = simulate(speed_layout(instances), hardware_costs("h100-llama2-7b"), requests, seed=0)
+print("cpu", time.process_time() - start, report["simulation"]["events"],
+      report["simulation"]["forwards"])
