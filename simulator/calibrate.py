@@ -149,7 +149,7 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     rate = earlier["rate"] if earlier else v.case_rate(case, costs)
     requests, arrivals = v.bench_requests(case, num, rate)
     real = earlier["real"] if earlier else v.real_run(case, requests, arrivals, cache_dir,
-                                                      out / "logs")
+                                                      out / "logs", profile["path"])
     result = {"case": asdict(case), "mode": mode, "rate": rate, "profile": profile,
               "turn_overhead_s": 0.0}
     logs = run_logs(real)

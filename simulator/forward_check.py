@@ -77,7 +77,16 @@ def forward_classes(lines: list[dict] | None, simulated: list[tuple[ForwardShape
     if lines is None:
         return None
     table = classes(lines, simulated, costs)
-    return {"classes": table, "all": totals(table)}
+    return {"classes": table, "all": totals(table), "largest_prefill_forward": {
+        "real": largest_prefill([line["shape"] for line in lines]),
+        "simulated": largest_prefill([shape for shape, _ in simulated])}}
+
+
+def largest_prefill(shapes) -> int:
+    """The most tokens a prompt-only forward computed: on a prefill instance its ChunkSize once
+    a prompt exceeds it, so two sides that differ here ran different ChunkSizes (2026-11-28's
+    Zen 4: 192 real against 64 simulated)."""
+    return max((shape.tokens for shape in shapes if shape.kind == "prefill"), default=0)
 
 
 LOOP_COUNTERS = {"busy_s": "busy_seconds", "num_forwards": "num_forwards",
@@ -148,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         stored = json.loads(path.read_text()).get("forward_classes")
         print(f"{path.name}:\n" + (format_classes(stored["classes"]) if stored
                                     else "  recorded without a forward log"))
+        largest = (stored or {}).get("largest_prefill_forward")
+        if largest:
+            print(f"largest prompt-only forward: {largest['real']} tokens real, "
+                  f"{largest['simulated']} simulated")
     logs = [p for p in args.paths if p.suffix != ".json"]
     if logs:
         from common.engine.forward_log import read

@@ -113,6 +113,7 @@ def earlier_run(args: argparse.Namespace) -> dict | None:
 
 
 def check(args: argparse.Namespace) -> dict:
+    from simulator.record_cache import record_cache_dir
     from simulator.validate import capacity, load_profiles, profile_for, workload_requests
     from simulator.workload import from_bench
 
@@ -134,7 +135,8 @@ def check(args: argparse.Namespace) -> dict:
     real = earlier["real"] if earlier else [
         real_goodput(by_label[row["candidate"]], workloads, {
             seed: arrival_window(requests) for seed, requests in simulated_requests.items()},
-            slo, args.cache_dir, args.out / "logs") for row in simulated[:2]]
+            slo, record_cache_dir(args.cache_dir, args.profile), args.out / "logs")
+        for row in simulated[:2]]
     pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
     return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
             else args.load, "num_requests": args.num_requests, "seeds": seeds,

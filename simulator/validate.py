@@ -14,8 +14,9 @@ output lengths with ignore-EOS) with bench's Poisson arrivals; the real run warm
 of them first, as `bench compare` does. Rates are fractions of the cluster's idealized
 capacity on the fitted model (simulator.study.anchor_rate x 2 cores): low 0.25, high 0.5.
 
-Both sides read the same profile record: the real instances through --cache-dir (ChunkSize,
-co-located cost curves), the simulator through the fit. A record measured with a different
+Both sides read the same profile record: the real instances through a cache directory of
+the record's own under --cache-dir (simulator.record_cache: ChunkSize, the local prefill
+budget, co-located cost curves), the simulator through the fit. A record measured with a different
 thread count than the case's instances is used anyway and flagged (`profile.threads_match`).
 Real timings are disturbed by whatever else runs on the machine: `uptime` before and after is
 in each case's JSON, beside per-request TTFT and JCT of both sides. The real instances write
@@ -47,6 +48,7 @@ from simulator import request_path
 from simulator.fit import fit_profile
 from simulator.forward_check import (forward_classes, forward_time, loop_counters,
                                       measured_overhead)
+from simulator.record_cache import record_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs/benchmarks/simulator_validation"
@@ -156,10 +158,13 @@ def uptime() -> str:
 
 
 def real_run(case: Case, requests: list, arrivals: list[float], cache_dir: str,
-             log_dir: Path) -> dict:
+             log_dir: Path, record: str) -> dict:
+    """The case for real, its instances reading the profile record at `record` (the one the
+    simulated side fits: simulator.record_cache)."""
     flags, threads = LAYOUTS[case.layout]
-    return run_for_real(case.name, list(flags), threads, requests, arrivals, cache_dir,
-                        log_dir, SAMPLED if case.sampled else {})[0]
+    return run_for_real(case.name, list(flags), threads, requests, arrivals,
+                        record_cache_dir(cache_dir, record), log_dir,
+                        SAMPLED if case.sampled else {})[0]
 
 
 def run_for_real(name: str, flags: list[str], threads: int, requests: list,
@@ -283,7 +288,7 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
     costs = scaled(measured, calibration) if calibration is not None else measured
     requests, arrivals = bench_requests(case, num, rate)
     real = earlier_real(case, rate, len(requests), real_from) or real_run(
-        case, requests, arrivals, cache_dir, out / "logs")
+        case, requests, arrivals, cache_dir, out / "logs", profile["path"])
     if turn_overhead == "measured":
         overhead = measured_overhead(real) or 0.0
     elif turn_overhead == "held-out":

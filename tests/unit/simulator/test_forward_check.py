@@ -263,3 +263,13 @@ def test_a_per_row_in_service_cost_is_recovered_from_decode_steps():
                          - 0.0001 * line["shape"].rows} for line in lines]
     k, c = per_row_fit(faster_with_rows, COSTS)
     assert c == 0.0 and k > 0  # no negative per-row cost: the plain ratio instead
+
+
+def test_each_side_reports_its_largest_prompt_only_forward():
+    def prompt(n: int) -> ForwardShape:
+        return ForwardShape.of(BatchPlan([chunk("p", n, 0)]))
+    real = [{"time": 1.0, "forward_s": 0.1, "shape": s}
+            for s in (prompt(192), prompt(40), ForwardShape.of(mixed_plan()))]
+    simulated = [(prompt(64), 0.05), (prompt(64), 0.05), (ForwardShape.decode_step(3, 30), 0.01)]
+    largest = forward_classes(real, simulated, COSTS)["largest_prefill_forward"]
+    assert largest == {"real": 192, "simulated": 64}  # the mixed forward (116 tokens) is not one

@@ -4,6 +4,8 @@ the plan's own candidate), and the paired verdict on goodput per seed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from control_plane.cli import build_parser
@@ -61,3 +63,28 @@ def test_an_earlier_run_must_describe_the_same_requests_and_slos(tmp_path):
     args.real_from.write_text(json.dumps({**stored, "num_requests": 40, "seeds": [0]}))
     with pytest.raises(ConfigError, match="num_requests, seeds"):
         earlier_run(args)
+
+
+def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monkeypatch):
+    import simulator.plan_check as pc
+    import simulator.validate as v
+    from common.engine.profile import recorded_chunk_size
+    from unit.simulator.test_cli import RECORD
+
+    monkeypatch.setattr(v, "workload_requests", lambda *args: ([], []))
+    monkeypatch.setattr(pc, "simulate_candidates", lambda found, *args: [
+        {"candidate": c.label} for c in found])
+    seen = []
+
+    def real_goodput(candidate, workloads, windows, slo, cache_dir, log_dir):
+        seen.append(cache_dir)
+        raise StopIteration  # the cache directory is all this test needs
+
+    monkeypatch.setattr(pc, "real_goodput", real_goodput)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "profile.json").write_text('{"recommended_chunk_size": 512}')
+    with pytest.raises(StopIteration):
+        pc.main(["--profile", str(RECORD), "--cache-dir", str(tmp_path / "cache"),
+                 "--rate", "1.0", "--out", str(tmp_path / "out")])
+    assert recorded_chunk_size(seen[0]) == json.loads(RECORD.read_text())[
+        "recommended_chunk_size"]

@@ -68,8 +68,10 @@ def test_a_sampled_case_runs_its_requests_sampled_and_is_named_apart(monkeypatch
     seen = []
     monkeypatch.setattr(v, "run_for_real", lambda name, *args: (
         seen.append((name, args[-1])), ({}, []))[1])
-    v.real_run(v.Case("1P1D", "HPLD", "low", 0, sampled=True), [], [], "cache", Path("logs"))
-    v.real_run(v.Case("1P1D", "HPLD", "low", 0), [], [], "cache", Path("logs"))
+    monkeypatch.setattr(v, "record_cache_dir", lambda cache_dir, record: cache_dir)
+    v.real_run(v.Case("1P1D", "HPLD", "low", 0, sampled=True), [], [], "cache", Path("logs"),
+               "record")
+    v.real_run(v.Case("1P1D", "HPLD", "low", 0), [], [], "cache", Path("logs"), "record")
     assert seen == [("1P1D-HPLD-low-s0-sampled", {"temperature": 0.7, "top_p": 0.95}),
                     ("1P1D-HPLD-low-s0", {})]
     v.main(["--cases", "1P1D:LPLD:low:0", "--sampled", "--dry-run", "--profile", str(RECORD)])
@@ -197,3 +199,37 @@ def test_a_calibrated_case_shows_the_profile_alone_beside_the_calibration(tmp_pa
     assert own.startswith("| sarathi-LPLD-low-s0, own run's k 1.07/1.30, 0.90 ms/forward, "
                           "path 4.7 ms |")
     assert "+1.0% |" in own
+
+
+def test_a_real_run_reads_the_record_the_simulation_fits_not_the_shared_caches(tmp_path,
+                                                                                monkeypatch):
+    import simulator.validate as v
+    from common.engine.profile import recorded_chunk_size
+    from control_plane.routing import local_prefill_budget
+    from common.config import RoutingConfig
+
+    shared = tmp_path / "cache"
+    (shared / "models").mkdir(parents=True)
+    (shared / "models" / "weights.gguf").write_text("w")
+    record = json.loads(RECORD.read_text())
+    slow = [{**row, "seconds": 100.0} for row in record["prefill"]]  # none within the TBT
+    (shared / "profile.json").write_text(json.dumps({**record, "threads": 2, "prefill": slow,
+                                                     "recommended_chunk_size": 192}))
+    one_thread = tmp_path / "profile-threads1.json"
+    one_thread.write_text(json.dumps({**record, "threads": 1, "recommended_chunk_size": 64}))
+    seen = []
+    monkeypatch.setattr(v, "run_for_real", lambda name, flags, threads, requests, arrivals,
+                        cache_dir, *rest: (seen.append(cache_dir), ({}, []))[1])
+    v.real_run(v.Case("1P1D", "HPLD", "low", 0), [], [], str(shared), tmp_path / "logs",
+               str(one_thread))
+    own = Path(seen[0])
+    assert recorded_chunk_size(str(own)) == 64  # the prefill instance's ChunkSize
+    assert recorded_chunk_size(str(shared)) == 192  # the shared cache is left as it was
+    routing = RoutingConfig(local_prefill="auto", local_prefill_tbt_s=10.0)
+    assert local_prefill_budget(routing, str(own)) == max(r["tokens"] for r in record["prefill"])
+    assert local_prefill_budget(routing, str(shared)) == routing.local_prefill_tokens
+    assert (own / "models" / "weights.gguf").read_text() == "w"  # models are shared, not copied
+    (shared / "kernels").mkdir()  # an entry that appears later is linked on the next run
+    v.real_run(v.Case("1P1D", "HPLD", "low", 1), [], [], str(shared), tmp_path / "logs",
+               str(one_thread))
+    assert seen[1] == seen[0] and (own / "kernels").resolve() == (shared / "kernels").resolve()
