@@ -209,7 +209,7 @@ def test_a_falling_or_negative_handoff_fit_is_flat_or_through_the_origin():
     from simulator.request_path import _line_fit
     assert _line_fit([(100, 0.05), (200, 0.04), (300, 0.03)]) == pytest.approx((0.04, 0.0))
     a, b = _line_fit([(100, 0.001), (200, 0.012), (300, 0.023)])  # intercept -0.01
-    assert a == 0.0 and b == pytest.approx(0.012 / 200)  # the median seconds per token
+    assert a == 0.0 and b == pytest.approx(0.036 / 600)  # the mean seconds per token
     assert _line_fit([(100, 0.02)] * 3) == pytest.approx((0.02, 0.0))
 
 
@@ -219,6 +219,16 @@ def test_a_few_pairs_far_off_the_line_do_not_move_the_handoff_fit():
     assert _line_fit(line) == pytest.approx((0.01, 2e-5))
     assert _line_fit([*line, (1500, 9.0), (700, 4.0)]) == pytest.approx((0.01, 2e-5))
 
+
+def test_the_handoff_line_carries_the_mean_of_a_tail_but_keeps_its_slope():
+    """Reads that waited behind a prefill forward: a few hand-offs tens of milliseconds late.
+    The simulator must add their mean (mean TPOT is a target); the slope stays the line's."""
+    from simulator.request_path import _line_fit
+    line = [(n, 0.01 + 2e-5 * n) for n in range(100, 2000, 100)]  # 19 on the line
+    late = [(n, 0.01 + 2e-5 * n + 0.095) for n in (400, 1000, 1600)]  # 3 read 95 ms late
+    a, b = _line_fit(line + late)
+    assert b == pytest.approx(2e-5)
+    assert a == pytest.approx(0.01 + 3 * 0.095 / 22)  # the mean, not the median (0.01)
 
 def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():
     """A 1-thread prefill instance slowed more in service than the decode steps: k per kind."""
