@@ -82,7 +82,7 @@ def forward_classes(lines: list[dict] | None, simulated: list[tuple[ForwardShape
         "simulated": largest_prefill([shape for shape, _ in simulated])}}
 
 
-def largest_prefill(shapes) -> int:
+def largest_prefill(shapes: list[ForwardShape]) -> int:
     """The most tokens a prompt-only forward computed: on a prefill instance its ChunkSize once
     a prompt exceeds it, so two sides that differ here ran different ChunkSizes (2026-11-28's
     Zen 4: 192 real against 64 simulated)."""

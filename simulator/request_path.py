@@ -60,15 +60,15 @@ MISPAIRED_S = 1.0  # a longer "hand-off" on one host is a mispairing or an admis
 def handoff(logs: dict[str, list[dict]], window: tuple[float, float]) -> dict | None:
     """The KV hand-off as a fixed time plus a time per prompt token (a line through the load's
     hand-offs with a robust slope and their mean, `_line_fit`: the read's bytes grow with the
-    prompt). A hand-off runs from the prefill
-    forward that sampled a prompt's first token (one chunk, so its prompt is its cached plus
-    new tokens) to when the decode instance had the sequence's KV: read off the step that took
-    the sequence on (one sequence whose context is the prompt, or a batch one sequence larger
-    than the step before, its context grown by the prompt beyond the others' new tokens): the
-    step's start if the instance had run nothing since the prefill, else halfway between the
-    step before and this one. `logs`: each instance's forward log by instance id, `window`:
-    the load's. Returns {"handoff_s", "handoff_per_token_s", "handoffs"}; None with fewer
-    than MIN_HANDOFFS pairs (a co-located layout)."""
+    prompt). A hand-off runs from the prefill forward that sampled a prompt's first token (one
+    chunk, so its prompt is its cached plus new tokens) to when the decode instance had the
+    sequence's KV: read off the step that took the sequence on (one sequence whose context is
+    the prompt, or a batch one sequence larger than the step before, its context grown by the
+    prompt beyond the others' new tokens): the step's start if the instance had run nothing
+    since the prefill, else halfway between the step before and this one. `logs`: each
+    instance's forward log by instance id, `window`: the load's. Returns {"handoff_s",
+    "handoff_per_token_s", "handoffs"}; None with fewer than MIN_HANDOFFS pairs (a co-located
+    layout)."""
     pairs = _handoff_pairs(logs, window)
     if len(pairs) < MIN_HANDOFFS:
         return None

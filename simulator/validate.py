@@ -16,8 +16,9 @@ capacity on the fitted model (simulator.study.anchor_rate x 2 cores): low 0.25, 
 
 Both sides read the same profile record: the real instances through a cache directory of
 the record's own under --cache-dir (simulator.record_cache: ChunkSize, the local prefill
-budget, co-located cost curves), the simulator through the fit. A record measured with a different
-thread count than the case's instances is used anyway and flagged (`profile.threads_match`).
+budget, co-located cost curves), the simulator through the fit. A record measured with a
+different thread count than the case's instances is used anyway and flagged
+(`profile.threads_match`).
 Real timings are disturbed by whatever else runs on the machine: `uptime` before and after is
 in each case's JSON, beside per-request TTFT and JCT of both sides. The real instances write
 forward logs (`splitserve up --forward-log`), read into each case's `forward_classes`

@@ -230,6 +230,7 @@ def test_the_handoff_line_carries_the_mean_of_a_tail_but_keeps_its_slope():
     assert b == pytest.approx(2e-5)
     assert a == pytest.approx(0.01 + 3 * 0.095 / 22)  # the mean, not the median (0.01)
 
+
 def test_decode_steps_and_prompt_carrying_forwards_are_calibrated_apart():
     """A 1-thread prefill instance slowed more in service than the decode steps: k per kind."""
     from simulator.calibrate import from_forwards, scaled

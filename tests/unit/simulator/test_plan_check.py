@@ -76,14 +76,17 @@ def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monke
         {"candidate": c.label} for c in found])
     seen = []
 
+    class Seen(Exception):
+        """The first real run's cache directory is all this test needs."""
+
     def real_goodput(candidate, workloads, windows, slo, cache_dir, log_dir):
         seen.append(cache_dir)
-        raise StopIteration  # the cache directory is all this test needs
+        raise Seen
 
     monkeypatch.setattr(pc, "real_goodput", real_goodput)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "profile.json").write_text('{"recommended_chunk_size": 512}')
-    with pytest.raises(StopIteration):
+    with pytest.raises(Seen):
         pc.main(["--profile", str(RECORD), "--cache-dir", str(tmp_path / "cache"),
                  "--rate", "1.0", "--out", str(tmp_path / "out")])
     assert recorded_chunk_size(seen[0]) == json.loads(RECORD.read_text())[

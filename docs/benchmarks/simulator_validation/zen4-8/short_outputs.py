@@ -4,7 +4,8 @@ hand-offs read off the real run's forward logs (simulator.request_path), as resi
 held-out calibration's line: their mean, median and largest. Needs the forward logs (kept
 under logs/, not committed).
 
-    python docs/benchmarks/simulator_validation/zen4-8/short_outputs.py CASE.json... > short_outputs.txt
+    python docs/benchmarks/simulator_validation/zen4-8/short_outputs.py CASE.json... \\
+        > short_outputs.txt
 """
 import json
 import statistics

@@ -11,11 +11,10 @@ stored in its files (the held-out calibration's; its own run's, measured from it
 first with ChunkSize 64 (which must give the stored errors again: a check of this replay) and
 then with 192. The forward logs are not kept, so nothing is measured again.
 
-    python docs/benchmarks/simulator_validation/zen4-6/chunk192/resimulate.py > .../chunk192/table.md
+    python docs/benchmarks/simulator_validation/zen4-6/chunk192/resimulate.py > table.md
 """
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from simulator import validate as v
