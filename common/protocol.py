@@ -183,6 +183,10 @@ class InstanceStats(Message):
     max_model_len: int
     num_total_blocks: int
     num_free_blocks: int
+    # what its forwards' time depends on besides their shapes, for matching a profile record
+    # (common.profile_record); "" and 0 = not said
+    dtype: str = ""
+    num_threads: int = 0
     num_waiting: int = 0  # queued, not started (prefill raw + scheduled; decode offers)
     num_running: int = 0  # prefilling or decoding now
     num_transferring: int = 0  # KV leases held (prefill) or reads in flight (decode)

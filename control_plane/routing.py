@@ -20,9 +20,10 @@ instance holds cached except for at most `local_prefill_tokens` tokens (a later 
 conversation it decoded, or simply a short prompt) goes straight to that decode instance, which
 prefills the rest between decode steps: no prefill queue, no KV transfer. Only a decode instance
 with nothing queued beyond that budget takes one, so its decodes' TBT stays near one step.
-`auto` takes the budget from the `splitserve profile` record: the largest profiled prefill
-whose forward fits in `local_prefill_tbt_s` (default 0.1 s), so a decode step that carries a
-local prefill stays within that TBT.
+`auto` takes each decode instance's budget from the `splitserve profile` record measured for its
+forwards (model, dtype, threads): the largest profiled prefill whose forward fits in
+`local_prefill_tbt_s` (default 0.1 s), so a decode step that carries a local prefill stays
+within that TBT.
 
 The decode instances a request's prompt is cached on travel with it
 (`GenerateRequest.decode_cached_tokens`), for the prefill instance's dispatcher.
@@ -30,16 +31,14 @@ The decode instances a request's prompt is cached on travel with it
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from common.block_pool import iter_block_hashes
 from common.config import GatewayConfig, RoutingConfig
 from common.plugins import ROUTE_POLICIES
-from common.protocol import KVCacheEvents
-from common.schedulers.costs import PROFILE_RECORD
+from common.protocol import InstanceStats, KVCacheEvents
+from common.profile_record import ProfileIdentity, read_record
 from control_plane.cluster import InstanceRegistry, InstanceState
 
 log = logging.getLogger(__name__)
@@ -129,26 +128,53 @@ class CacheAware(RoutePolicy):
                                               s.stats.instance_id))
 
 
-def local_prefill_budget(config: RoutingConfig, cache_dir: str | None) -> int:
-    """The uncached-token budget under which a decode instance prefills a request itself."""
-    if config.local_prefill == "off":
-        return -1
-    if config.local_prefill == "on" or not cache_dir:
-        return config.local_prefill_tokens
-    try:
-        record = json.loads((Path(cache_dir).expanduser() / PROFILE_RECORD).read_text())
-        fits = [p["tokens"] for p in record["prefill"]
-                if p["seconds"] <= config.local_prefill_tbt_s]
-    except (OSError, ValueError, KeyError, TypeError):
-        return config.local_prefill_tokens
-    budget = max(fits, default=config.local_prefill_tokens)
-    log.info("local prefill budget %d tokens (from the profile record)", budget)
-    return budget
+class LocalPrefillBudget:
+    """The uncached-token budget under which a decode instance prefills a request itself: -1
+    (off), the configured threshold (on), or, in auto, the largest prefill within
+    `local_prefill_tbt_s` in the profile record measured for that instance's forwards (its
+    model, dtype and threads, as its reports say; common.profile_record), else the threshold.
+    `fixed` sets one budget for every instance (the simulator's: one cost model for all)."""
+
+    def __init__(self, config: RoutingConfig, cache_dir: str | None = None,
+                 fixed: int | None = None) -> None:
+        self.config, self.cache_dir, self.fixed = config, cache_dir, fixed
+        if config.local_prefill == "off":
+            self.fixed = -1
+        elif config.local_prefill == "on" or (fixed is None and not cache_dir):
+            self.fixed = config.local_prefill_tokens
+        self._by_identity: dict[ProfileIdentity, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.fixed is None or self.fixed >= 0
+
+    def __call__(self, stats: InstanceStats) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        identity = ProfileIdentity(stats.model or None, stats.dtype or None,
+                                   stats.num_threads or None)
+        if identity not in self._by_identity:
+            self._by_identity[identity] = self._from_record(identity)
+        return self._by_identity[identity]
+
+    def _from_record(self, identity: ProfileIdentity) -> int:
+        try:
+            record = read_record(self.cache_dir, identity)
+            fits = [p["tokens"] for p in record["prefill"]
+                    if p["seconds"] <= self.config.local_prefill_tbt_s]
+        except (KeyError, TypeError):  # no record for these forwards, or one without curves
+            log.info("local prefill budget %d tokens for %s (no profile record for them)",
+                     self.config.local_prefill_tokens, identity)
+            return self.config.local_prefill_tokens
+        budget = max(fits, default=self.config.local_prefill_tokens)
+        log.info("local prefill budget %d tokens for %s (from the profile record)", budget,
+                 identity)
+        return budget
 
 
 class Router:
     def __init__(self, registry: InstanceRegistry, config: RoutingConfig, policy: RoutePolicy,
-                 index: PrefixIndex, local_budget: int) -> None:
+                 index: PrefixIndex, local_budget: LocalPrefillBudget) -> None:
         self.registry, self.config, self.policy = registry, config, policy
         self.index, self.local_budget = index, local_budget
 
@@ -178,8 +204,8 @@ class Router:
             return None
         if any(s.stats.instance_id == prefer for s in self.registry.entry_points()):
             return Route(self.registry.get(prefer))
-        if self.local_budget >= 0 and any(d.stats.instance_id == prefer
-                                          for d in self.registry.routable("decode")):
+        if any(d.stats.instance_id == prefer and self.local_budget(d.stats) >= 0
+               for d in self.registry.routable("decode")):
             return Route(self.registry.get(prefer), local_prefill=True)
         return None
 
@@ -187,13 +213,14 @@ class Router:
                       num_tokens: int) -> InstanceState | None:
         """The decode instance that can prefill this prompt itself within the budget: least
         uncached work first, then least queued."""
-        if self.local_budget < 0:
+        if not self.local_budget.enabled:
             return None
         def uncached(d: InstanceState) -> int:
             return num_tokens - cached[d.stats.instance_id]
         # the queued tokens count too: the instance takes this prefill only if its whole queue
         # of prompt work stays within the budget
-        fits = [d for d in decodes if queued_tokens(d) + uncached(d) <= self.local_budget
+        fits = [d for d in decodes
+                if queued_tokens(d) + uncached(d) <= self.local_budget(d.stats)
                 and d.stats.num_free_blocks * self._block_size(d) >= num_tokens]
         return min(fits, key=lambda d: (uncached(d), queued_tokens(d), d.stats.instance_id),
                    default=None)
@@ -206,4 +233,4 @@ def make_router(registry: InstanceRegistry, config: GatewayConfig) -> Router:
     routing, index = config.routing, PrefixIndex()
     policy = ROUTE_POLICIES.get(routing.policy)(routing, index)
     return Router(registry, routing, policy, index,
-                  local_prefill_budget(routing, config.cache_dir))
+                  LocalPrefillBudget(routing, config.cache_dir))

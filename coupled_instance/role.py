@@ -25,13 +25,12 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from common.config import BatchConfig, ConfigError
 from common.engine.role import Role, RoleContext
 from common.engine.swap import attach_host_tier
 from common.plan import BatchPlan, ModelOutput
 from common.plugins import COUPLED_POLICIES
+from common.profile_record import served_identity
 from common.protocol import AbortRequest, GenerateRequest, KVTransferOffer, Message
 from common.schedulers.costs import IterationCosts, recorded_costs, token_budget_for_tbt
 from common.schedulers.coupled import CoupledScheduler, make_coupled_scheduler
@@ -86,12 +85,11 @@ def load_costs(ctx: RoleContext) -> IterationCosts | None:
     still empty KV blocks. None (the policy falls back to constants and says so) when neither
     is possible."""
     runner = ctx.runner
-    model = getattr(getattr(runner, "resolved", None), "name", None)
-    dtype = getattr(runner, "dtype_name", None)
-    if model is None or dtype is None:  # a runner without a model (role tests)
+    identity = served_identity(runner)
+    if identity.model is None or identity.dtype is None:  # a runner without a model (role tests)
         return None
-    threads = torch.get_num_threads()  # this process's, set before the runner was built
-    costs = recorded_costs(ctx.config.engine.model.cache_dir, model, dtype, threads)
+    costs = recorded_costs(ctx.config.engine.model.cache_dir, identity.model, identity.dtype,
+                           identity.threads)
     if costs is not None:
         log.info("coupled role: forward costs from %s", costs.source)
         return costs
@@ -105,9 +103,9 @@ def load_costs(ctx: RoleContext) -> IterationCosts | None:
     except ConfigError as exc:  # the KV pool holds too little to measure
         log.warning("coupled role: cannot measure forward costs (%s)", exc)
         return None
-    log.info("coupled role: no profile recorded for %s %s on %d threads; measured forward "
-             "costs in %.1f s (run `splitserve profile` to record a full one)", model, dtype,
-             threads, time.perf_counter() - started)
+    log.info("coupled role: no profile recorded for %s; measured forward costs in %.1f s (run "
+             "`splitserve profile` to record a full one)", identity,
+             time.perf_counter() - started)
     return costs
 
 

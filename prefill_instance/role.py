@@ -21,6 +21,7 @@ from common.engine.profile import recorded_chunk_size
 from common.engine.role import Role, RoleContext
 from common.plan import BatchPlan, ModelOutput
 from common.plugins import DISPATCH_POLICIES
+from common.profile_record import ProfileIdentity, read_record, served_identity
 from common.protocol import (
     AbortRequest,
     ClusterView,
@@ -42,16 +43,23 @@ DEFAULT_CHUNK_SIZE = 256
 
 
 @cache
-def _recorded_chunk_size(cache_dir: str) -> int | None:
-    return recorded_chunk_size(cache_dir)
+def _recorded_chunk_size(cache_dir: str, identity: ProfileIdentity) -> int | None:
+    chunk_size = recorded_chunk_size(cache_dir, identity)
+    if chunk_size is None and read_record(cache_dir) is not None:
+        log.warning("prefill role: the profile record in %s was measured for other forwards "
+                    "than %s; ChunkSize %d (run `splitserve profile` with them)", cache_dir,
+                    identity, DEFAULT_CHUNK_SIZE)
+    return chunk_size
 
 
 def chunk_size_for(ctx: RoleContext) -> int:
-    """ChunkSize: configured, else the knee `splitserve profile` recorded, else a default."""
+    """ChunkSize: configured, else the knee `splitserve profile` recorded for this runner's
+    model, dtype and threads, else a default."""
     configured = ctx.config.prefill.chunk_size
     if configured:
         return configured
-    return _recorded_chunk_size(ctx.config.engine.model.cache_dir) or DEFAULT_CHUNK_SIZE
+    return _recorded_chunk_size(ctx.config.engine.model.cache_dir,
+                                served_identity(ctx.runner)) or DEFAULT_CHUNK_SIZE
 
 
 class PrefillRole(Role):

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from common.config import ConfigError, GatewayConfig, InstanceConfig
-from common.schedulers.costs import PROFILE_RECORD
+from common.profile_record import PROFILE_RECORD
 from simulator import costs as cost_files
 from simulator.args import stack_times
 from simulator.cluster import Layout

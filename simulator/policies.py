@@ -20,7 +20,7 @@ from common.schedulers.costs import token_budget_for_tbt
 from common.schedulers.coupled import CoupledScheduler, make_coupled_scheduler
 from common.schedulers.swapping import SwapSpace
 from control_plane.cluster import InstanceRegistry
-from control_plane.routing import PrefixIndex, Router
+from control_plane.routing import LocalPrefillBudget, PrefixIndex, Router
 from control_plane.transition import TransitionWatcher, make_watcher
 from decode_instance.admission import AdmissionPolicy, make_admission
 from decode_instance.scheduler import DecodeScheduler
@@ -104,8 +104,8 @@ def coupled_scheduler(config: InstanceConfig, kv: KVCacheManager, costs: CostMod
 
 
 def local_prefill_budget(routing: RoutingConfig, costs: CostModel) -> int:
-    """control_plane.routing.local_prefill_budget: the largest profiled prefill within the TBT
-    bound, from the rows the cost model was fitted to (the record the gateway would read), else
+    """control_plane.routing.LocalPrefillBudget's auto budget: the largest profiled prefill
+    within the TBT bound, from the rows the cost model was fitted to (the record the gateway would read), else
     from the model's own curve at the profile's sizes."""
     if routing.local_prefill == "off":
         return -1
@@ -121,7 +121,8 @@ def router(registry: InstanceRegistry, gateway: GatewayConfig, costs: CostModel)
     """control_plane.routing.make_router."""
     routing, index = gateway.routing, PrefixIndex()
     policy = ROUTE_POLICIES.get(routing.policy)(routing, index)
-    return Router(registry, routing, policy, index, local_prefill_budget(routing, costs))
+    return Router(registry, routing, policy, index,
+                  LocalPrefillBudget(routing, fixed=local_prefill_budget(routing, costs)))
 
 
 def watcher(gateway: GatewayConfig) -> TransitionWatcher:

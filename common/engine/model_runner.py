@@ -96,6 +96,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, resolved: ResolvedModel | None = None) -> None:
         if config.model.num_threads:
             torch.set_num_threads(config.model.num_threads)
+        self.num_threads = torch.get_num_threads()  # what a profile record must match
         self.config = config
         self.device = torch.device(config.model.device)
         self.resolved = resolved or resolve_model(config.model.path,

@@ -17,14 +17,15 @@
   transformers `generate` (same weights, dtype and threads).
 
 Writes profile.json and profile.png under the output directory, and records the ChunkSize and
-the prefill and decode curves in the cache directory, where the prefill instance (ChunkSize) and
-the co-located policies (common.schedulers.costs) read them at start-up. `measure_costs` is the
-short version a co-located instance runs at start-up when no record fits its model.
+the prefill and decode curves in the cache directory (common.profile_record: the last record,
+and one per model, dtype and thread count), where the prefill instance (ChunkSize), the
+co-located policies (common.schedulers.costs) and the gateway (local prefill budget) read the
+one measured for their forwards. `measure_costs` is the short version a co-located instance
+runs at start-up when no record fits its model.
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -41,7 +42,8 @@ from common.engine.model_runner import ModelRunner
 from common.engine.profile_report import print_summary, write_report
 from common.plan import BatchPlan, ScheduledChunk
 from common.sampling_params import SamplingParams
-from common.schedulers.costs import PROFILE_RECORD, IterationCosts
+from common.profile_record import ProfileIdentity, read_record, write_record
+from common.schedulers.costs import IterationCosts
 
 PREFILL_SIZES = [1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
 DECODE_BATCHES = [1, 2, 4, 8, 16, 32, 48, 64, 96, 128]
@@ -355,20 +357,20 @@ def _ratios(runner, limits, prefill, decode, chunk_size) -> dict:
 
 
 
-def recorded_chunk_size(cache_dir: str) -> int | None:
-    """The ChunkSize the last `splitserve profile` on this machine recommended, if any."""
-    path = Path(cache_dir).expanduser() / PROFILE_RECORD
+def recorded_chunk_size(cache_dir: str, identity: ProfileIdentity = ProfileIdentity()
+                        ) -> int | None:
+    """The ChunkSize `splitserve profile` recommended on this machine for forwards of
+    `identity` (its model, dtype and threads), if it recorded one."""
+    record = read_record(cache_dir, identity)
     try:
-        return int(json.loads(path.read_text())["recommended_chunk_size"])
-    except (OSError, ValueError, KeyError):
+        return int(record["recommended_chunk_size"]) if record is not None else None
+    except (KeyError, TypeError, ValueError):
         return None
 
 
 def _record(report: dict, cache_dir: str) -> None:
     """What later starts read: the ChunkSize, and the curves behind the co-located policies'
     cost model (common.schedulers.costs: FastServe's job profiler, the TBT token budget)."""
-    path = Path(cache_dir).expanduser() / PROFILE_RECORD
-    path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("recommended_chunk_size", "model", "dtype", "threads", "decode_context")
     record = {key: report[key] for key in keys}
     record["prefill"] = [{"tokens": r["tokens"], "seconds": r["seconds"]}
@@ -377,7 +379,7 @@ def _record(report: dict, cache_dir: str) -> None:
                         for r in report["decode"]]
     for key in ("mixed", "decode_contexts", "multi_prompt"):  # what simulator/fit.py reads
         record[key] = report.get(key, [])
-    path.write_text(json.dumps(record))
+    write_record(cache_dir, record)
 
 
 # A start-up measurement is a few seconds on two cores: few sizes, one timed run each, short

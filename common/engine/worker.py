@@ -40,6 +40,7 @@ from common.engine.model_runner import ModelRunner
 from common.engine.role import Role, RoleContext
 from common.messaging import Inbox, Outbox
 from common.plugins import ROLES
+from common.profile_record import served_identity
 from common.protocol import (
     FlipCommand,
     FlipReport,
@@ -233,6 +234,7 @@ class InstanceWorker:
         return InstanceStats(
             instance_id=self.instance_id, role=self.role.name, inbox=self.inbox.address,
             kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
+            dtype=self.runner.dtype_name, num_threads=served_identity(self.runner).threads or 0,
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
             num_forwards=self.num_forwards, forward_turn_seconds=self.forward_turn_seconds,

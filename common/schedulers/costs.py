@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.config import ConfigError
+from common.profile_record import ProfileIdentity, record_path
 
-PROFILE_RECORD = "profile.json"  # what `splitserve profile` leaves in the cache directory
 Curve = tuple[tuple[int, float], ...]
 
 
@@ -110,17 +110,16 @@ def load_costs(path: str | Path, model: str | None = None, dtype: str | None = N
         costs = IterationCosts.from_report(report, source=str(path))
     except (OSError, ValueError):  # ConfigError and JSONDecodeError are ValueErrors
         return None
-    wanted = {"model": model, "dtype": dtype, "threads": threads}
-    if any(value is not None and report.get(key) != value for key, value in wanted.items()):
-        return None
-    return costs
+    return costs if ProfileIdentity(model, dtype, threads).matches(report) else None
 
 
 def recorded_costs(cache_dir: str, model: str | None = None, dtype: str | None = None,
                    threads: int | None = None) -> IterationCosts | None:
     """The costs `splitserve profile` recorded on this machine, if they fit the given model,
-    dtype and thread count."""
-    return load_costs(Path(cache_dir).expanduser() / PROFILE_RECORD, model, dtype, threads)
+    dtype and thread count (common.profile_record: the last record, else the one kept for
+    them)."""
+    path = record_path(cache_dir, ProfileIdentity(model, dtype, threads))
+    return None if path is None else load_costs(path, model, dtype, threads)
 
 
 def token_budget_for_tbt(costs: IterationCosts, tbt_slo_s: float, max_num_seqs: int,

@@ -3,12 +3,11 @@ the entry instance, and conditional disaggregation to a decode instance."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from common.block_pool import iter_block_hashes
 from common.config import RoutingConfig
+from common.profile_record import write_record
 from common.protocol import InstanceStats, KVCacheEvents
 from control_plane.cluster import InstanceRegistry
 from control_plane.routing import (
@@ -16,8 +15,8 @@ from control_plane.routing import (
     LeastLoaded,
     PrefixIndex,
     PromptHashes,
+    LocalPrefillBudget,
     Router,
-    local_prefill_budget,
 )
 
 BS = 16
@@ -44,7 +43,8 @@ def holding(index: PrefixIndex, instance_id: str, tokens: list[int]) -> None:
 def router(registry, index, policy="cache_aware", budget=-1, **config) -> Router:
     routing = RoutingConfig(policy=policy, **config)
     cls = {"cache_aware": CacheAware, "least_loaded": LeastLoaded}[policy]
-    return Router(registry, routing, cls(routing, index), index, budget)
+    return Router(registry, routing, cls(routing, index), index,
+                  LocalPrefillBudget(routing, fixed=budget))
 
 
 def test_index_applies_deltas_and_snapshots():
@@ -112,19 +112,52 @@ def test_a_busy_decode_instance_takes_no_local_prefill():
     assert not route.local_prefill and route.target.stats.instance_id == "p0"
 
 
+def instance(model="m", dtype="float32", threads=1, instance_id="d0"):
+    return InstanceStats(instance_id, "decode", "tcp://x:1", "tcp://x:2", model, 4096,
+                         num_total_blocks=1000, num_free_blocks=1000, dtype=dtype,
+                         num_threads=threads)
+
+
 def test_local_prefill_budget_modes(tmp_path):
-    assert local_prefill_budget(RoutingConfig(local_prefill="off"), str(tmp_path)) == -1
-    assert local_prefill_budget(RoutingConfig(local_prefill="on", local_prefill_tokens=50),
-                                str(tmp_path)) == 50
-    assert local_prefill_budget(RoutingConfig(local_prefill_tokens=70), str(tmp_path)) == 70
-    (tmp_path / "profile.json").write_text(json.dumps({
+    d = instance()
+    assert LocalPrefillBudget(RoutingConfig(local_prefill="off"), str(tmp_path))(d) == -1
+    assert LocalPrefillBudget(RoutingConfig(local_prefill="on", local_prefill_tokens=50),
+                              str(tmp_path))(d) == 50
+    assert LocalPrefillBudget(RoutingConfig(local_prefill_tokens=70), str(tmp_path))(d) == 70
+    assert LocalPrefillBudget(RoutingConfig(local_prefill_tokens=70), None)(d) == 70
+    write_record(tmp_path, {
+        "model": "m", "dtype": "float32", "threads": 1,
         "prefill": [{"tokens": 16, "seconds": 0.01}, {"tokens": 64, "seconds": 0.03},
                     {"tokens": 256, "seconds": 0.09}],
         "decode": [{"batch": 1, "step_seconds": 0.01}, {"batch": 32, "step_seconds": 0.04},
-                   {"batch": 64, "step_seconds": 0.08}]}))
+                   {"batch": 64, "step_seconds": 0.08}]})
     # the largest profiled prefill within the TBT target (default 0.1 s)
-    assert local_prefill_budget(RoutingConfig(), str(tmp_path)) == 256
-    assert local_prefill_budget(RoutingConfig(local_prefill_tbt_s=0.05), str(tmp_path)) == 64
+    assert LocalPrefillBudget(RoutingConfig(), str(tmp_path))(d) == 256
+    assert LocalPrefillBudget(RoutingConfig(local_prefill_tbt_s=0.05), str(tmp_path))(d) == 64
+    # an instance that does not say what it runs takes the last record
+    assert LocalPrefillBudget(RoutingConfig(), str(tmp_path))(instance("", "", 0)) == 256
+
+
+def test_each_decode_instance_gets_the_budget_of_the_record_measured_for_its_forwards(tmp_path):
+    curve = lambda seconds: [{"tokens": n, "seconds": s} for n, s in zip((16, 64, 256), seconds)]
+    write_record(tmp_path, {"model": "m", "dtype": "float32", "threads": 1,
+                            "prefill": curve((0.02, 0.08, 0.3))})
+    write_record(tmp_path, {"model": "m", "dtype": "float32", "threads": 2,
+                            "prefill": curve((0.01, 0.04, 0.09))})  # the last record
+    budget = LocalPrefillBudget(RoutingConfig(), str(tmp_path))
+    assert budget(instance(threads=2)) == 256
+    assert budget(instance(threads=1)) == 64  # not the last record's 256
+    # no record for these forwards: the configured threshold, not another machine's curve
+    assert budget(instance(threads=4)) == RoutingConfig().local_prefill_tokens
+    assert budget(instance(dtype="bfloat16", threads=2)) == RoutingConfig().local_prefill_tokens
+    registry = cluster(stats("p0", "prefill"), instance(threads=1, instance_id="d1"),
+                       instance(threads=2, instance_id="d2"))
+    routing, index = RoutingConfig(), PrefixIndex()
+    router = Router(registry, routing, CacheAware(routing, index), index, budget)
+    # 100 uncached tokens fit d2's budget only
+    route = router.choose(list(range(100)))
+    assert route.local_prefill and route.target.stats.instance_id == "d2"
+    assert router.choose(list(range(300))).target.stats.instance_id == "p0"
 
 
 @pytest.mark.parametrize("local", ["off", "on", "auto"])

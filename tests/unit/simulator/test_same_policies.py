@@ -23,6 +23,7 @@ from common.plugins import (
     PREFILL_POLICIES,
     ROUTE_POLICIES,
 )
+from common.protocol import InstanceStats
 from control_plane.cli import build_parser
 from control_plane.cli_args import cluster_instance_config, gateway_config, instance_config
 from control_plane.cluster import InstanceRegistry
@@ -145,7 +146,10 @@ def test_the_gateway_runs_the_route_policy_and_transition_watcher_it_would_load(
     watcher = make_watcher(config.flip_policy, **dict(config.flip_options))
     sim = simulated(flags, cache_dir)
     assert type(sim.router.policy) is type(router.policy)
-    assert sim.router.config == router.config and sim.router.local_budget == router.local_budget
+    decode = InstanceStats("d0", "decode", "", "", PROFILE["model"], 4096, 100, 100,
+                           dtype=PROFILE["dtype"], num_threads=torch.get_num_threads())
+    assert sim.router.config == router.config
+    assert sim.router.local_budget(decode) == router.local_budget(decode)
     assert type(sim.watcher.policy) is type(watcher.policy)
     assert vars(sim.watcher.policy) == vars(watcher.policy)
     assert (sim.watcher.cooldown_s, sim.watcher.sustain_ticks) == \

@@ -205,7 +205,8 @@ def test_a_real_run_reads_the_record_the_simulation_fits_not_the_shared_caches(t
                                                                                 monkeypatch):
     import simulator.validate as v
     from common.engine.profile import recorded_chunk_size
-    from control_plane.routing import local_prefill_budget
+    from common.protocol import InstanceStats
+    from control_plane.routing import LocalPrefillBudget
     from common.config import RoutingConfig
 
     shared = tmp_path / "cache"
@@ -226,8 +227,10 @@ def test_a_real_run_reads_the_record_the_simulation_fits_not_the_shared_caches(t
     assert recorded_chunk_size(str(own)) == 64  # the prefill instance's ChunkSize
     assert recorded_chunk_size(str(shared)) == 192  # the shared cache is left as it was
     routing = RoutingConfig(local_prefill="auto", local_prefill_tbt_s=10.0)
-    assert local_prefill_budget(routing, str(own)) == max(r["tokens"] for r in record["prefill"])
-    assert local_prefill_budget(routing, str(shared)) == routing.local_prefill_tokens
+    decode = InstanceStats("d0", "decode", "", "", "", 4096, 100, 100)  # says nothing of itself
+    assert LocalPrefillBudget(routing, str(own))(decode) == \
+        max(r["tokens"] for r in record["prefill"])
+    assert LocalPrefillBudget(routing, str(shared))(decode) == routing.local_prefill_tokens
     assert (own / "models" / "weights.gguf").read_text() == "w"  # models are shared, not copied
     (shared / "kernels").mkdir()  # an entry that appears later is linked on the next run
     v.real_run(v.Case("1P1D", "HPLD", "low", 1), [], [], str(shared), tmp_path / "logs",
