@@ -3,7 +3,9 @@
 `run_load` sends each request at its arrival offset whether or not earlier ones have finished
 (an open loop, as users behave); `run_closed_loop` keeps a fixed number of streams open. Every
 request is streamed over server-sent events and timed on arrival of every chunk that carries
-text. One request's failure (HTTP status, error event, network error, timeout) is recorded on
+a token, its text possibly empty (a special token such as the model's end of turn under
+`ignore_eos`, or a character still incomplete), as vLLM's and SGLang's benchmark clients time
+them: TTFT is the first token's arrival, not the first visible text's. One request's failure (HTTP status, error event, network error, timeout) is recorded on
 its own record and never stops the run. `post_stream_aiohttp` streams any endpoint and hands
 each text piece to a callback: chat completions (`delta.content`) are read like completions
 (`text`), which is how the multi-turn workload (bench.multiturn) gets the model's answers.
@@ -41,8 +43,8 @@ class RequestRecord:
 
     index: int
     send_time: float
-    ttft: float | None = None  # first text chunk minus send_time; None if no text arrived
-    token_times: list[float] = field(default_factory=list)  # offset of each text-bearing chunk
+    ttft: float | None = None  # first token's chunk minus send_time; None if none arrived
+    token_times: list[float] = field(default_factory=list)  # offset of each token's chunk
     jct: float | None = None  # from send to the end of the stream (or to the failure)
     prompt_tokens: int | None = None
     output_tokens: int | None = None
@@ -91,12 +93,15 @@ def _absorb_chunk(record: RequestRecord, chunk: dict, now: float,
     if choices:
         choice = choices[0]
         text = _chunk_text(choice)
-        if text:  # a chat's first chunk may carry only the role, with empty content
+        # A chunk with empty text is still a token's (a special token; until 2026-12-02 it was
+        # not counted, and a request whose first token was the model's end of turn got its TTFT
+        # one decode step or more late), unless it only closes a stream that had tokens.
+        if text or choice.get("finish_reason") is None or not record.token_times:
             if not record.token_times:
                 record.ttft = now - record.send_time
             record.token_times.append(now)
-            if on_text is not None:
-                on_text(text)
+        if text and on_text is not None:
+            on_text(text)
         if choice.get("finish_reason") is not None:
             record.finish_reason = choice["finish_reason"]
     usage = chunk.get("usage")

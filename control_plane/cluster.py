@@ -281,6 +281,7 @@ class InstanceRegistry:
                             "first_admit_time": s.first_admit_time,
                             "last_finish_time": s.last_finish_time},
                 "inbox": s.inbox, "kv_endpoint": s.kv_endpoint, "pid": s.pid, "model": s.model,
+                "dtype": s.dtype or None, "threads": s.num_threads or None,
                 "metrics_url": s.metrics_url or None,
                 "queue": {"waiting": s.num_waiting, "running": s.num_running,
                           "transferring": s.num_transferring,

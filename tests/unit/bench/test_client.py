@@ -82,7 +82,7 @@ def test_streamed_completion_is_timed_and_counted():
                      "stream": True, "stream_options": {"include_usage": True},
                      "ignore_eos": True}]
     assert record.error is None and record.http_status == 200 and record.index == 7
-    assert len(record.token_times) == 3  # the empty-text chunk is not a token arrival
+    assert len(record.token_times) == 4  # the empty-text chunk is a token's (a special token)
     assert record.token_times == sorted(record.token_times)
     assert record.ttft == pytest.approx(record.token_times[0] - record.send_time)
     assert record.ttft >= 0.02
@@ -90,6 +90,20 @@ def test_streamed_completion_is_timed_and_counted():
     # counts come from the usage chunk, not from the number of chunks
     assert (record.prompt_tokens, record.output_tokens) == (2, 4)
     assert record.finish_reason == "length"
+
+
+def test_a_first_token_without_text_sets_the_ttft_as_vllms_benchmark_counts_it():
+    # the model's end of turn first, under ignore_eos: no text, but the first token's arrival
+    pieces = [_event(_chunk("")), _event(_chunk("\n")), _event(_chunk("", "length")),
+              _event(_usage(2, 3)), _event("[DONE]")]
+    record = _send(lambda request: _sse(pieces, delay_s=0.01))
+    # two arrivals, the empty first chunk's and the newline's; the last token's chunk closes
+    # the stream with empty text: not another arrival
+    assert len(record.token_times) == 2 and record.output_tokens == 3
+    assert record.ttft == pytest.approx(record.token_times[0] - record.send_time)
+    lone = [_event(_chunk("", "length")), _event(_usage(2, 1)), _event("[DONE]")]
+    record = _send(lambda request: _sse(lone))  # one special token, max_tokens 1
+    assert record.ttft is not None and len(record.token_times) == 1
 
 
 def test_error_status_is_recorded():

@@ -234,7 +234,8 @@ def test_decode_peers_lists_only_ready_decodes(registry, clock):
 def test_describe_fields(registry, clock):
     registry.report(stats("p1", queued=42, waiting=3, running=2, free=30, total=100,
                           num_transferring=4, busy_seconds=1.23456, pid=777,
-                          prefix_query_tokens=300, prefix_hit_tokens=96, num_cached_blocks=12))
+                          prefix_query_tokens=300, prefix_hit_tokens=96, num_cached_blocks=12,
+                          dtype="bfloat16", num_threads=2))
     registry.report(stats("d0", role="decode", free=10, total=64))
     clock.advance(0.25)
     rows = registry.describe()
@@ -246,6 +247,7 @@ def test_describe_fields(registry, clock):
                                            "finished_light": 0, "preemptions": 0,
                                            "first_admit_time": 0.0, "last_finish_time": 0.0}, "inbox": "tcp://p1:1",
         "kv_endpoint": "tcp://p1:2", "pid": 777, "model": "some/model", "metrics_url": None,
+        "dtype": "bfloat16", "threads": 2,
         "queue": {"waiting": 3, "running": 2, "transferring": 4, "queued_tokens": 42},
         "kv_blocks": {"total": 100, "free": 30, "used": 70, "cached": 12},
         "prefix_cache": {"query_tokens": 300, "hit_tokens": 96, "hit_rate": 0.32,
@@ -253,6 +255,7 @@ def test_describe_fields(registry, clock):
         "policy": {}, "busy_seconds": 1.235, "num_forwards": 0, "forward_turn_seconds": 0.0,
         "uptime_s": 0.25, "seconds_since_report": 0.25}
     assert rows[0]["kv_blocks"] == {"total": 64, "free": 10, "used": 54, "cached": 0}
+    assert rows[0]["dtype"] is None and rows[0]["threads"] is None  # not said
     clock.advance(1.0)
     assert [r["ready"] for r in registry.describe()] == [False, False]
     assert registry.describe()[0]["seconds_since_report"] == 1.25
