@@ -1,10 +1,11 @@
 """Benchmark metrics: per-request records in, latency distributions and throughput out.
 
 Definitions (all in seconds, over successful requests only):
-- TTFT: first text chunk minus send time.
+- TTFT: the first token's chunk minus send time (its text may be empty: a special token; vLLM's
+  and SGLang's clients count it so; until 2026-12-02 this was the first non-empty text).
 - TPOT: (JCT - TTFT) / (output_tokens - 1), per request with at least 2 output tokens.
 - JCT: send to end of stream.
-- TBT: every gap between consecutive text chunks, pooled over all requests; its tail shows
+- TBT: every gap between consecutive token chunks, pooled over all requests; its tail shows
   decode stalls (e.g. a co-located prefill) that a per-request mean such as TPOT hides.
 - Throughput: over `duration_s`, first send to last completion (see `run_duration`).
 - Queueing delay: arrival at the server until its first forward. The client cannot see it; it is
