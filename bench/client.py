@@ -5,8 +5,9 @@
 request is streamed over server-sent events and timed on arrival of every chunk that carries
 a token, its text possibly empty (a special token such as the model's end of turn under
 `ignore_eos`, or a character still incomplete), as vLLM's and SGLang's benchmark clients time
-them: TTFT is the first token's arrival, not the first visible text's. One request's failure (HTTP status, error event, network error, timeout) is recorded on
-its own record and never stops the run. `post_stream_aiohttp` streams any endpoint and hands
+them: TTFT is the first token's arrival, not the first visible text's. One request's failure
+(HTTP status, error event, network error, timeout) is recorded on its own record and never
+stops the run. `post_stream_aiohttp` streams any endpoint and hands
 each text piece to a callback: chat completions (`delta.content`) are read like completions
 (`text`), which is how the multi-turn workload (bench.multiturn) gets the model's answers.
 Plain http:// servers are spoken to through aiohttp

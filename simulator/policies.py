@@ -105,8 +105,8 @@ def coupled_scheduler(config: InstanceConfig, kv: KVCacheManager, costs: CostMod
 
 def local_prefill_budget(routing: RoutingConfig, costs: CostModel) -> int:
     """control_plane.routing.LocalPrefillBudget's auto budget: the largest profiled prefill
-    within the TBT bound, from the rows the cost model was fitted to (the record the gateway would read), else
-    from the model's own curve at the profile's sizes."""
+    within the TBT bound, from the rows the cost model was fitted to (the record the gateway
+    would read), else from the model's own curve at the profile's sizes."""
     if routing.local_prefill == "off":
         return -1
     if routing.local_prefill == "on":

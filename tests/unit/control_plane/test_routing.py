@@ -139,7 +139,8 @@ def test_local_prefill_budget_modes(tmp_path):
 
 
 def test_each_decode_instance_gets_the_budget_of_the_record_measured_for_its_forwards(tmp_path):
-    curve = lambda seconds: [{"tokens": n, "seconds": s} for n, s in zip((16, 64, 256), seconds)]
+    def curve(seconds):
+        return [{"tokens": n, "seconds": s} for n, s in zip((16, 64, 256), seconds)]
     write_record(tmp_path, {"model": "m", "dtype": "float32", "threads": 1,
                             "prefill": curve((0.02, 0.08, 0.3))})
     write_record(tmp_path, {"model": "m", "dtype": "float32", "threads": 2,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from simulator import instances
 from simulator.calibrate import charges, run_logs, scaled
-CACHE_DIR = "results/vz9"
 from simulator.validate import Case, bench_requests, load_profiles, profile_for, simulated_run
+
+CACHE_DIR = "results/vz9"  # the validation's shared cache (the simulated layout's flags)
 
 
 def match(requests, forwards):
