@@ -82,24 +82,22 @@ def _read(path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def record_path(cache_dir: str | Path, identity: ProfileIdentity = ProfileIdentity()
-                ) -> Path | None:
-    """Where the record measured for `identity` is: the last record when it matches (a cache
-    directory made for one record holds only that one), else the one kept for the identity."""
+def find_record(cache_dir: str | Path, identity: ProfileIdentity = ProfileIdentity()
+                ) -> tuple[Path, dict] | None:
+    """The record measured for `identity` and where it is: the last record when it matches (a
+    cache directory made for one record holds only that one), else the one kept for the
+    identity; None when neither fits."""
     root = Path(cache_dir).expanduser()
-    last = _read(root / PROFILE_RECORD)
-    if last is not None and identity.matches(last):
-        return root / PROFILE_RECORD
     name = identity.file_name()
-    if name is None:
-        return None
-    keyed = _read(root / PROFILE_RECORDS / name)
-    return root / PROFILE_RECORDS / name if keyed is not None and identity.matches(keyed) \
-        else None
+    for path in (root / PROFILE_RECORD, *([root / PROFILE_RECORDS / name] if name else [])):
+        record = _read(path)
+        if record is not None and identity.matches(record):
+            return path, record
+    return None
 
 
 def read_record(cache_dir: str | Path, identity: ProfileIdentity = ProfileIdentity()
                 ) -> dict | None:
-    """The record measured for `identity` (see `record_path`), or None."""
-    path = record_path(cache_dir, identity)
-    return None if path is None else _read(path)
+    """The record measured for `identity` (see `find_record`), or None."""
+    found = find_record(cache_dir, identity)
+    return None if found is None else found[1]

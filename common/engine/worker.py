@@ -69,6 +69,7 @@ class InstanceWorker:
         self.config = config
         self.instance_id = config.instance_id or f"{config.role}-{uuid.uuid4().hex[:6]}"
         self.runner = ModelRunner(config.engine)
+        self.identity = served_identity(self.runner)  # reported for matching profile records
         layout = self.runner.kv_layout
         self.zmq = zmq.Context()
         keys = load_keys(config.cluster_secret_file)
@@ -234,7 +235,7 @@ class InstanceWorker:
         return InstanceStats(
             instance_id=self.instance_id, role=self.role.name, inbox=self.inbox.address,
             kv_endpoint=self.transfer.endpoint, model=self.runner.resolved.name,
-            dtype=self.runner.dtype_name, num_threads=served_identity(self.runner).threads or 0,
+            dtype=self.identity.dtype or "", num_threads=self.identity.threads or 0,
             max_model_len=self.runner.max_model_len, num_total_blocks=self.ctx.kv.num_blocks,
             num_free_blocks=self.ctx.kv.num_free_blocks, busy_seconds=self.busy_seconds,
             num_forwards=self.num_forwards, forward_turn_seconds=self.forward_turn_seconds,

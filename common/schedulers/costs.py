@@ -5,8 +5,8 @@ Pure Python (no torch). A profile is two measured curves:
 - prefill: seconds of one forward that computes N prompt tokens (N = 1..2048 in a full profile);
 - decode: seconds of one decode step of B sequences, each holding `decode_context` tokens.
 `IterationCosts` interpolates them. Where they come from (the coupled role asks in this order):
-1. the record `splitserve profile` leaves in the cache directory (`profile.json`, written by
-   `common.engine.profile`), when it was measured with the served model, dtype and threads;
+1. the record `splitserve profile` leaves in the cache directory (common.profile_record: the
+   last one, or the one kept for the served model, dtype and threads) measured with them;
 2. a short measurement at start-up (`common.engine.profile.measure_costs`);
 3. else the policy's constants, with a logged warning.
 
@@ -19,13 +19,11 @@ which is exact at both ends (d = 0: a prefill forward; p = 0: a decode step).
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_right
 from dataclasses import dataclass
-from pathlib import Path
 
 from common.config import ConfigError
-from common.profile_record import ProfileIdentity, record_path
+from common.profile_record import ProfileIdentity, find_record
 
 Curve = tuple[tuple[int, float], ...]
 
@@ -98,28 +96,19 @@ class IterationCosts:
         return cls(tuple(prefill), tuple(decode), source)
 
 
-def load_costs(path: str | Path, model: str | None = None, dtype: str | None = None,
-               threads: int | None = None) -> IterationCosts | None:
-    """The costs in a profile file (a full report or the cache record), or None when the file is
-    missing, holds no curves (a record from before they were recorded) or was measured for
-    another model, dtype or thread count than the ones given (a forward's time depends on all
-    three)."""
-    path = Path(path).expanduser()
-    try:
-        report = json.loads(path.read_text())
-        costs = IterationCosts.from_report(report, source=str(path))
-    except (OSError, ValueError):  # ConfigError and JSONDecodeError are ValueErrors
-        return None
-    return costs if ProfileIdentity(model, dtype, threads).matches(report) else None
-
-
 def recorded_costs(cache_dir: str, model: str | None = None, dtype: str | None = None,
                    threads: int | None = None) -> IterationCosts | None:
     """The costs `splitserve profile` recorded on this machine, if they fit the given model,
     dtype and thread count (common.profile_record: the last record, else the one kept for
-    them)."""
-    path = record_path(cache_dir, ProfileIdentity(model, dtype, threads))
-    return None if path is None else load_costs(path, model, dtype, threads)
+    them; a forward's time depends on all three); None when no record fits or it holds no
+    curves (a record from before they were recorded)."""
+    found = find_record(cache_dir, ProfileIdentity(model, dtype, threads))
+    if found is None:
+        return None
+    try:
+        return IterationCosts.from_report(found[1], source=str(found[0]))
+    except ValueError:  # a record from before the curves were recorded
+        return None
 
 
 def token_budget_for_tbt(costs: IterationCosts, tbt_slo_s: float, max_num_seqs: int,

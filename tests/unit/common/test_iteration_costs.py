@@ -11,7 +11,6 @@ import pytest
 from common.config import BatchConfig, ConfigError
 from common.schedulers.costs import (
     IterationCosts,
-    load_costs,
     recorded_costs,
     token_budget_for_tbt,
 )
@@ -58,9 +57,10 @@ def test_profiles_load_only_for_the_model_and_dtype_they_measured(tmp_path):
     assert recorded_costs(str(tmp_path), "m", "bfloat16") is None
     assert recorded_costs(str(tmp_path), "other", "float32") is None
     assert recorded_costs(str(tmp_path), "m", "float32", threads=2) is None  # not recorded
-    old = tmp_path / "old.json"  # a record from before the curves were recorded
-    old.write_text(json.dumps({"recommended_chunk_size": 256, "model": "m"}))
-    assert load_costs(old) is None and load_costs(tmp_path / "missing.json") is None
+    old = tmp_path / "old"  # a record from before the curves were recorded
+    old.mkdir()
+    (old / "profile.json").write_text(json.dumps({"recommended_chunk_size": 256, "model": "m"}))
+    assert recorded_costs(str(old)) is None and recorded_costs(str(tmp_path / "missing")) is None
     with pytest.raises(ConfigError):
         IterationCosts(prefill=(), decode=((1, 0.01),))
 

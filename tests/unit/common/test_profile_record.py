@@ -11,7 +11,7 @@ from common.profile_record import (
     PROFILE_RECORDS,
     ProfileIdentity,
     read_record,
-    record_path,
+    find_record,
     served_identity,
     write_record,
 )
@@ -29,8 +29,8 @@ def test_each_profile_is_kept_under_its_identity_beside_the_last_one(tmp_path):
     one = ProfileIdentity("Org/Model v2", "float32", 1)
     assert read_record(tmp_path, one) == ONE  # not the last record, measured on 2 threads
     assert read_record(tmp_path, ProfileIdentity("Org/Model v2", "float32", 2)) == TWO
-    assert record_path(tmp_path, ProfileIdentity("Org/Model v2", "float32", 2)) == \
-        tmp_path / PROFILE_RECORD
+    assert find_record(tmp_path, ProfileIdentity("Org/Model v2", "float32", 2)) == \
+        (tmp_path / PROFILE_RECORD, TWO)
     assert read_record(tmp_path) == TWO  # nothing asked: the last one
 
 
@@ -39,7 +39,7 @@ def test_no_record_is_taken_for_other_forwards(tmp_path):
     for other in (ProfileIdentity("Org/Model v2", "float32", 4),
                   ProfileIdentity("Org/Model v2", "bfloat16", 1),
                   ProfileIdentity("other", "float32", 1)):
-        assert read_record(tmp_path, other) is None and record_path(tmp_path, other) is None
+        assert read_record(tmp_path, other) is None and find_record(tmp_path, other) is None
     # a partly known identity matches on what it knows, from the last record only
     assert read_record(tmp_path, ProfileIdentity("Org/Model v2")) == ONE
     assert read_record(tmp_path / "missing", ProfileIdentity()) is None
