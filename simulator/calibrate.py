@@ -37,6 +37,7 @@ from pathlib import Path
 
 from common.engine.forward_log import WAITED_S as WAIT_S
 from simulator.costs import CostModel
+from simulator.speed_probe import run_speeds
 
 # What a calibration charges beside the scaled cost model: Layout fields
 CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "handoff_s",
@@ -162,6 +163,7 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
             case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
     else:
         raise ValueError(f"unknown calibration mode {mode!r}: forwards or latencies")
+    result["probe_speeds"] = run_speeds(real, logs, costs)
     fitted = v.simulated_run(case, requests, arrivals, scaled(costs, result), cache_dir,
                              charges(result))
     result["errors_at_factor"] = v.errors(real["summary"], fitted["summary"])

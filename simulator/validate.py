@@ -24,7 +24,7 @@ in each case's JSON, beside per-request TTFT and JCT of both sides. The real ins
 forward logs (`splitserve up --forward-log`), read into each case's `forward_classes`
 (simulator.forward_check), its held-out calibration (simulator.calibrate) and its replay at
 its own run's speed (`own_speed`); a request-path probe precedes each load
-(simulator.request_path).
+(simulator.request_path), speed probes precede and follow it (simulator.speed_probe).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from common.config import ConfigError, InstanceConfig
 from simulator.calibrate import (calibrate_case, case_lines, charges, own_speed, run_logs,
                                  scaled)
 from simulator.costs import CostModel
-from simulator import request_path
+from simulator import request_path, speed_probe
 from simulator.fit import fit_profile
 from simulator.forward_check import (forward_classes, forward_time, loop_counters,
                                       measured_overhead)
@@ -177,7 +177,6 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
     prefix caches, so the real ones must not find the load's first prompts cached. `sampling`:
     the load's and warm-ups' temperature and top_p (none: greedy); the simulator prices a
     sampled row the same either way, so a sampled case checks that too."""
-    from bench.client import run_load
     from bench.cluster import ClusterProcess
     from bench.metrics import run_duration, summarize
 
@@ -187,29 +186,40 @@ def run_for_real(name: str, flags: list[str], threads: int, requests: list,
     before = uptime()
     cluster = ClusterProcess(args, log_dir / f"{name}.log")
     try:
-        model = cluster.model()
-        warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
-        asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
-                             progress=False, **(sampling or {})))
-        path_probe = request_path.probe(cluster.url, model, requests[0], WARM_UP_PROMPT)
-        loop_before = loop_counters(cluster.cluster())
-        started, window = time.monotonic(), [time.time()]
-        records = asyncio.run(run_load(cluster.url, model, requests, arrivals,
-                                       ignore_eos=True, progress=False, **(sampling or {})))
-        wall = time.monotonic() - started
-        window.append(time.time())
-        # the last forwards' report reaches the gateway (instances report at the default interval)
-        time.sleep(InstanceConfig().report_interval_s * 2)
-        loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
+        result, records = _load(cluster, requests, arrivals, sampling or {})
     finally:
         cluster.stop()
     summary = summarize(records, run_duration(records))
     per_request = [{"ttft_s": r.ttft, "jct_s": r.jct, "output_tokens": r.output_tokens,
                     "error": r.error} for r in records]
-    return {"up_args": args, "summary": summary, "wall_s": wall, "per_request": per_request,
-            **loop, "forward_log": str(forward_log), "load_window": window,
-            "path_probe": path_probe,
-            "uptime_before": before, "uptime_after": uptime()}, records
+    return {"up_args": args, "summary": summary, "per_request": per_request, **result,
+            "forward_log": str(forward_log), "uptime_before": before,
+            "uptime_after": uptime()}, records
+
+
+def _load(cluster, requests: list, arrivals: list[float], sampling: dict) -> tuple[dict, list]:
+    """On a started cluster: the warm-ups, the request-path probe, the speed probe, the load,
+    the loop counters' growth over it, the speed probe again; bench's records of the load."""
+    from bench.client import run_load
+
+    model = cluster.model()
+    warm_up = [replace(r, prompt=WARM_UP_PROMPT) for r in requests[:2]]
+    asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
+                         progress=False, **sampling))
+    path_probe = request_path.probe(cluster.url, model, requests[0], WARM_UP_PROMPT)
+    probes = [speed_probe.probe(cluster.url, model, requests[0], sampling)]
+    loop_before = loop_counters(cluster.cluster())
+    started, window = time.monotonic(), [time.time()]
+    records = asyncio.run(run_load(cluster.url, model, requests, arrivals, ignore_eos=True,
+                                   progress=False, **sampling))
+    wall = time.monotonic() - started
+    window.append(time.time())
+    # the last forwards' report reaches the gateway (instances report at the default interval)
+    time.sleep(InstanceConfig().report_interval_s * 2)
+    loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
+    probes.append(speed_probe.probe(cluster.url, model, requests[0], sampling))
+    return {"wall_s": wall, **loop, "load_window": window, "path_probe": path_probe,
+            "speed_probes": probes}, records
 
 
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
@@ -310,6 +320,9 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
               "forward_classes": forward_classes(case_lines(real, logs), simulated.pop("forwards"),
                                                  measured),
               "own_speed": own_speed(case, requests, arrivals, real, logs, measured, cache_dir),
+              "speed_tracked": speed_probe.speed_tracked(case, requests, arrivals, real, logs,
+                                                         measured, calibration, cache_dir,
+                                                         overhead),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}

@@ -9,7 +9,9 @@ marked * where it misses, and two diagnostics where the real run recorded them: 
 seconds (simulated against real) and real/model (the real run's forwards, measured against the
 cost model's price for the same shapes; from its forward log). A case calibrated on a held-out
 run gives two rows: the profile alone, then with the calibration (k, the loop's own work);
-a case with a forward log one more: replayed at its own run's forward speed (not held out).
+a case whose run and held-out run had speed probes one more: the held-out calibration moved by
+the machine's drift between them (simulator.speed_probe); a case with a forward log one more:
+replayed at its own run's forward speed (not held out).
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def rows(label: str, result: dict) -> list[list[str]]:
     if calibration:
         lines = [row(f"{label}, profile alone", result, calibration["errors_uncalibrated"]),
                  row(f"{label}, held-out {measures(calibration, result)}", result)]
+    tracked = result.get("speed_tracked")
+    if tracked:
+        drift = tracked["drift"]
+        lines.append(row(f"{label}, held-out moved by the probes' drift x{drift['decode']:.2f}/"
+                         f"{drift['prompt']:.2f}", result, tracked["errors"]))
     if own:
         lines.append(row(f"{label}, own run's {measures(own)}", result, own["errors"]))
     return lines
