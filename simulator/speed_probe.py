@@ -27,23 +27,24 @@ FILLER = "The quick brown fox jumps over the lazy dog while the cat watches. "
 PROMPT_REPEATS = 20  # about 280 tokens: several prefill chunks on a 1-thread instance
 
 
-def probe_requests(request) -> list:
+def probe_requests(request, tag: str = "") -> list:
     """Three requests (bench's, fields of `request` otherwise): two distinct long prompts with
     one output token (distinct, so the second finds nothing cached) and a short one with
-    DECODE_STEPS output tokens. No workload holds these prompts."""
-    long = [replace(request, prompt=f"Speed probe {i}. " + FILLER * PROMPT_REPEATS,
+    DECODE_STEPS output tokens. `tag` sets a run's probes apart (its probes after the load must
+    not find those before it cached). No workload holds these prompts."""
+    long = [replace(request, prompt=f"Speed probe {tag}{i}. " + FILLER * PROMPT_REPEATS,
                     max_tokens=1) for i in range(2)]
-    return [*long, replace(request, prompt="Speed probe: count upwards from one.",
+    return [*long, replace(request, prompt=f"Speed probe {tag}: count upwards from one.",
                            max_tokens=DECODE_STEPS)]
 
 
-def probe(url: str, model: str, request, sampling: dict | None = None) -> dict:
-    """Send `probe_requests(request)` one after another (each alone on the cluster); the
+def probe(url: str, model: str, request, sampling: dict | None = None, tag: str = "") -> dict:
+    """Send `probe_requests(request, tag)` one after another (each alone on the cluster); the
     wall-clock window to cut the forward log to, and whether every request finished."""
     from bench.client import run_load
 
     start, records = time.time(), []
-    for one in probe_requests(request):
+    for one in probe_requests(request, tag):
         records += asyncio.run(run_load(url, model, [one], [0.0], ignore_eos=True,
                                         progress=False, **(sampling or {})))
     return {"window": [start, time.time()], "errors": [r.error for r in records if r.error]}

@@ -207,7 +207,7 @@ def _load(cluster, requests: list, arrivals: list[float], sampling: dict) -> tup
     asyncio.run(run_load(cluster.url, model, warm_up, [0.0, 0.0], ignore_eos=True,
                          progress=False, **sampling))
     path_probe = request_path.probe(cluster.url, model, requests[0], WARM_UP_PROMPT)
-    probes = [speed_probe.probe(cluster.url, model, requests[0], sampling)]
+    probes = [speed_probe.probe(cluster.url, model, requests[0], sampling, "before")]
     loop_before = loop_counters(cluster.cluster())
     started, window = time.monotonic(), [time.time()]
     records = asyncio.run(run_load(cluster.url, model, requests, arrivals, ignore_eos=True,
@@ -217,7 +217,7 @@ def _load(cluster, requests: list, arrivals: list[float], sampling: dict) -> tup
     # the last forwards' report reaches the gateway (instances report at the default interval)
     time.sleep(InstanceConfig().report_interval_s * 2)
     loop = {k: v - loop_before[k] for k, v in loop_counters(cluster.cluster()).items()}
-    probes.append(speed_probe.probe(cluster.url, model, requests[0], sampling))
+    probes.append(speed_probe.probe(cluster.url, model, requests[0], sampling, "after"))
     return {"wall_s": wall, **loop, "load_window": window, "path_probe": path_probe,
             "speed_probes": probes}, records
 

@@ -27,6 +27,10 @@ def test_the_probes_are_two_distinct_long_prompts_and_one_decode_run():
     assert [r.max_tokens for r in requests] == [1, 1, speed_probe.DECODE_STEPS]
     assert requests[0].prompt != requests[1].prompt  # the second finds nothing cached
     assert len(requests[0].prompt) > 800 and "a load prompt" not in requests[0].prompt
+    after = probe_requests(BenchRequest("a load prompt", 3, 64, None), "after")
+    # the probes after a load differ from those before it in their first tokens: no cached
+    # block is shared
+    assert all(a.prompt[:40] != b.prompt[:40] for a, b in zip(requests, after))
 
 
 def test_speeds_price_the_probes_forwards_per_kind_and_nothing_else():
