@@ -10,7 +10,9 @@ DECODE_STEPS output tokens), and the forward log prices those forwards. A case's
 the held-out k times the ratio of its probes' speed to the held-out run's probes' speed, per
 kind (decode steps, prompt-carrying forwards): the in-service share of k (the gateway and
 client on the same cores) still comes from the held-out load, the machine's drift from the
-probes.
+probes. On 2026-12-02's Zen 1 the probes followed drift between runs (a slow held-out run) but
+not the larger swings within a load, so the tracked row is a diagnostic beside the held-out
+one (docs/simulator.md, "Runs of 2026-12-02, tenth session").
 """
 
 from __future__ import annotations

@@ -115,3 +115,24 @@ def test_the_probes_bracket_the_load_and_stay_out_of_its_loop_counters(monkeypat
     result, _ = v._load(Cluster(), [BenchRequest("p", 1, 4, None)] * 5, [0.0] * 5, {})
     assert events == ["load 2", "path", "speed", "counters", "load 5", "counters", "speed"]
     assert len(result["speed_probes"]) == 2
+
+
+def test_the_table_shows_the_moved_calibration_between_held_out_and_own_speed(tmp_path):
+    import json
+
+    from simulator.validate import errors
+    from simulator.validation_table import table
+
+    def jct(value: float) -> dict:
+        return errors({"jct_s": {"mean": 1.0}}, {"jct_s": {"mean": value}})
+
+    result = {"rate": 0.5, "turn_overhead_s": 0.0, "errors": jct(0.8),
+              "calibration": {"factor": 1.1, "errors_uncalibrated": jct(0.7)},
+              "speed_tracked": {"factor": 1.2, "prompt_factor": 1.3,
+                                "drift": {"decode": 1.09, "prompt": 1.18}, "errors": jct(0.96)},
+              "own_speed": {"factor": 1.25, "prompt_factor": 1.3, "errors": jct(1.01)}}
+    (tmp_path / "1P1D-LPLD-high-s0.json").write_text(json.dumps(result))
+    lines = table([tmp_path]).splitlines()[2:]
+    assert [line.split(",")[1].split()[0] for line in lines] == ["profile", "held-out",
+                                                                "held-out", "own"]
+    assert "moved by the probes' drift x1.09/1.18" in lines[2] and "-4.0% |" in lines[2]
