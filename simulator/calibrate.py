@@ -40,7 +40,7 @@ from simulator.costs import CostModel
 from simulator.speed_probe import run_speeds
 
 # What a calibration charges beside the scaled cost model: Layout fields
-CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "handoff_s",
+CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "wake_prompt_s", "handoff_s",
            "handoff_per_token_s")
 
 # the metrics k is fitted to (paths in bench's summary)
@@ -91,7 +91,9 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
     """k = measured / modelled seconds over a forward log's decode steps (each priced at its own
     shape), the same ratio over its forwards that carry a prompt chunk (`prompt_factor`: a
     1-thread prefill instance slowed 26-33% in service where decode steps did not), the loop's
-    mean seconds per forward beyond the forward, and the wake-up (`Layout.wake_s`): how much
+    mean seconds per forward beyond the forward, and the wake-up (`Layout.wake_s` for decode
+    steps, `wake_prompt_s` for prompt-carrying forwards, each the other's where the log has none
+    of its kind after a wait): how much
     longer than k x its price a forward ran when the loop had waited for work before it. The
     ratios come from the forwards that followed another without a wait (all of a kind when none
     did); a kind the log lacks takes the other's ratio."""
@@ -103,15 +105,19 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
                           if line.get("gap_s", 0.0) <= WAIT_S], priced)
     factor = ratios["decode"] or ratios["prompt"]
     prompt_factor = ratios["prompt"] or ratios["decode"]
-    wake = sum(line["forward_s"] - model * (factor if line["shape"].kind == "decode"
-                                            else prompt_factor)
-               for line, model in woke) / len(woke) if woke else 0.0
+    wakes = {kind: [line["forward_s"] - model * (factor if kind == "decode" else prompt_factor)
+                    for line, model in woke if (line["shape"].kind == "decode") == (
+                        kind == "decode")] for kind in ("decode", "prompt")}
+    pooled = [excess for excesses in wakes.values() for excess in excesses]
+    wake = {kind: max(sum(excesses or pooled) / len(excesses or pooled), 0.0) if pooled else 0.0
+            for kind, excesses in wakes.items()}
     measured = sum(line["forward_s"] for line in lines)
     modelled = sum(model for _, model in priced)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
     result = {"factor": factor, "prompt_factor": prompt_factor,
               "overall_factor": measured / modelled, "turn_overhead_s": overhead,
-              "wake_s": max(wake, 0.0), "woke_forwards": len(woke),
+              "wake_s": wake["decode"], "wake_prompt_s": wake["prompt"],
+              "woke_forwards": len(woke),
               "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
     if per_row:  # mode "forwards-rows"
         result["factor"], result["per_row_s"] = per_row_fit(lines, costs)
@@ -200,8 +206,10 @@ def scaled(costs: CostModel, calibration: dict) -> CostModel:
 
 
 def charges(calibration: dict) -> dict:
-    """The Layout fields a calibration sets beside the cost model (what it did not measure: 0)."""
-    return {name: calibration.get(name) or 0.0 for name in CHARGES}
+    """The Layout fields a calibration sets beside the cost model (what it did not measure: 0;
+    a calibration from before the wake-up per kind: its one wake_s for both kinds)."""
+    return {name: calibration.get(name) or 0.0 for name in CHARGES} | {
+        "wake_prompt_s": calibration.get("wake_prompt_s", calibration.get("wake_s") or 0.0)}
 
 
 def path_charges(real: dict, logs: dict[str, list[dict]] | None) -> dict:

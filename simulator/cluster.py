@@ -62,6 +62,10 @@ class Layout:
     # A forward that starts when the instance had nothing to do takes this much longer (its
     # threads and caches wake up: measured from forward logs, simulator.calibrate); 0: none
     wake_s: float = 0.0
+    # ... for a first forward that carries a prompt chunk (a prefill instance's chunk after a
+    # wait: its excess was 81-109 ms where decode steps' was 5-21 ms on 2026-12-02's Zen 1);
+    # None: wake_s
+    wake_prompt_s: float | None = None
     # The KV hand-off's own time beyond the link (the offer, the admission, the read served
     # beside the prefill instance's forwards, the sequence joining the decode loop:
     # simulator.request_path.handoff), added to every transfer; 0: the link alone
@@ -83,7 +87,8 @@ class Layout:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
             raise ConfigError("instance counts must be >= 0")
         if min(self.turn_overhead_s, self.request_latency_s, self.message_latency_s,
-               self.wake_s, self.handoff_s, self.handoff_per_token_s) < 0:
+               self.wake_s, self.wake_prompt_s or 0.0, self.handoff_s,
+               self.handoff_per_token_s) < 0:
             raise ConfigError("the turn overhead, the wake-up and the latencies must be >= 0")
         if self.num_coupled == 0 and (self.num_prefill == 0 or self.num_decode == 0):
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")

@@ -136,8 +136,11 @@ def test_forwards_after_a_wait_for_work_measure_the_wake_up_not_k():
     measured = from_forwards(busy + woke, COSTS)
     assert measured["factor"] == pytest.approx(1.2)
     assert measured["prompt_factor"] == pytest.approx(1.2)
-    assert measured["wake_s"] == pytest.approx(0.006) and measured["woke_forwards"] == 2
+    # per kind: a prefill instance's chunk wakes slower than a decode step
+    assert measured["wake_s"] == pytest.approx(0.004) and measured["woke_forwards"] == 2
+    assert measured["wake_prompt_s"] == pytest.approx(0.008)
     assert from_forwards(busy, COSTS)["wake_s"] == 0.0
+    assert from_forwards(busy + woke[:1], COSTS)["wake_prompt_s"] == pytest.approx(0.004)
     only_woke = from_forwards(woke[:1], COSTS)  # no forward without a wait: k from all of them
     assert only_woke["factor"] == pytest.approx(1.2 + 0.004 / COSTS.shape_s(step))
     assert only_woke["wake_s"] == pytest.approx(0.0)
@@ -198,11 +201,12 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
     assert handoff(flat, (0.0, 20.0))["handoff_per_token_s"] == pytest.approx(0.0, abs=1e-12)
     real = {"load_window": [0.0, 20.0]}
     assert charges(path_charges(real, logs)) == pytest.approx({
-        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.0,
+        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.0, "wake_prompt_s": 0.0,
         "handoff_s": 0.01, "handoff_per_token_s": 0.0001})
+    # a calibration from before the wake-up per kind charges its one wake_s to both kinds
     assert charges({"handoff_s": None, "wake_s": 0.002}) == {
-        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002, "handoff_s": 0.0,
-        "handoff_per_token_s": 0.0}
+        "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002,
+        "wake_prompt_s": 0.002, "handoff_s": 0.0, "handoff_per_token_s": 0.0}
 
 
 def test_a_falling_or_negative_handoff_fit_is_flat_or_through_the_origin():

@@ -95,6 +95,11 @@ def test_the_wake_up_lengthens_the_forward_an_idle_instance_starts_and_no_other(
     plain_gaps = [b - a for a, b in zip(plain.token_times, plain.token_times[1:])]
     assert gaps[0] - plain_gaps[0] == pytest.approx(0.004 * wakes)
     assert gaps[1:] == pytest.approx(plain_gaps[1:])
+    # Layout.wake_prompt_s: the prompt's first chunk wakes by that instead; a decode step not
+    prompted = trace_of(replace(make(), wake_s=0.004, wake_prompt_s=0.010), one(100, 5))
+    assert prompted.token_times[0] - plain.token_times[0] == pytest.approx(0.010)
+    assert [b - a for a, b in zip(prompted.token_times, prompted.token_times[1:])] == \
+        pytest.approx(gaps)
 
 
 def test_the_handoff_delays_a_disaggregated_request_after_its_first_token_by_itself():
