@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from common.engine.forward_log import WAITED_S as WAIT_S
 from simulator.costs import CostModel
-from simulator.speed_probe import run_speeds
 
 # What a calibration charges beside the scaled cost model: Layout fields
 CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "wake_prompt_s", "handoff_s",
@@ -105,12 +105,14 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
                           if line.get("gap_s", 0.0) <= WAIT_S], priced)
     factor = ratios["decode"] or ratios["prompt"]
     prompt_factor = ratios["prompt"] or ratios["decode"]
-    wakes = {kind: [line["forward_s"] - model * (factor if kind == "decode" else prompt_factor)
-                    for line, model in woke if (line["shape"].kind == "decode") == (
-                        kind == "decode")] for kind in ("decode", "prompt")}
-    pooled = [excess for excesses in wakes.values() for excess in excesses]
-    wake = {kind: max(sum(excesses or pooled) / len(excesses or pooled), 0.0) if pooled else 0.0
-            for kind, excesses in wakes.items()}
+    excess: dict[str, list[float]] = {"decode": [], "prompt": []}
+    for line, model in woke:
+        decode = line["shape"].kind == "decode"
+        excess["decode" if decode else "prompt"].append(
+            line["forward_s"] - model * (factor if decode else prompt_factor))
+    pooled = excess["decode"] + excess["prompt"]
+    wake = {kind: max(statistics.fmean(values or pooled), 0.0) if pooled else 0.0
+            for kind, values in excess.items()}
     measured = sum(line["forward_s"] for line in lines)
     modelled = sum(model for _, model in priced)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
@@ -148,6 +150,7 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     calibration-<case>.json."""
     from simulator import validate as v
     from simulator.forward_check import forward_classes
+    from simulator.speed_probe import run_speeds
 
     costs, profile = v.profile_for(profiles, v.LAYOUTS[case.layout][1])
     path = real_from / f"calibration-{case.name}.json" if real_from else None

@@ -76,7 +76,7 @@ class SimInstance:
             step = steady.steady_batch(self.role.scheduler)
             if step is not None:
                 self.leap = steady.Leap(self, *step, self.cluster.layout.leap_steps,
-                                        self._wake_s(False))
+                                        self._wake_s(None))
                 self.busy = True
                 self.loop.at(self.leap.end, self._leap_done, self.leap, 0)
                 return
@@ -86,22 +86,22 @@ class SimInstance:
             if self.flip_target and self.role.is_drained:
                 self._switch()
             return
-        seconds = self.costs.forward_s(plan, self.kv.block_size) + self._wake_s(
-            any(len(c.token_ids) > 1 or not c.num_cached for c in plan.chunks))
+        seconds = self.costs.forward_s(plan, self.kv.block_size) + self._wake_s(plan)
         self.busy = True
         self.loop.after(seconds + self.cluster.layout.turn_overhead_s, self._forward_done, plan,
                         seconds)
 
-    def _wake_s(self, prompt: bool) -> float:
+    def _wake_s(self, plan: BatchPlan | None) -> float:
         """`Layout.wake_s` for the first forward after the instance had nothing to do
-        (`Layout.wake_prompt_s` when that forward carries a prompt chunk, as ForwardShape
-        counts one: not a one-token chunk after cached tokens)."""
+        (`Layout.wake_prompt_s` when that forward, `plan`, carries a prompt chunk; None: a
+        steady leap's decode steps). The plan's shape is worked out only for such a forward."""
         woke, self.idle = self.idle, False
         if not woke:
             return 0.0
         layout = self.cluster.layout
-        return layout.wake_s if not prompt or layout.wake_prompt_s is None \
-            else layout.wake_prompt_s
+        if plan is None or layout.wake_prompt_s is None or plan.shape().kind == "decode":
+            return layout.wake_s
+        return layout.wake_prompt_s
 
     def _forward_done(self, plan: BatchPlan, seconds: float) -> None:
         self.busy_seconds += seconds

@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 
 from common.engine.forward_log import WAITED_S
+from simulator.calibrate import charges, kind_ratios, scaled
 from simulator.costs import CostModel
 
 DECODE_STEPS = 24  # one sequence's decode steps: a second or two on a CPU core
@@ -57,17 +58,11 @@ def speeds(probes: list[dict], lines: list[dict], costs: CostModel) -> dict | No
     (`lines`: every instance's forward log; `probes`: a run's probe windows), each priced at
     its shape; the first forward after the loop waited is left out (its wake-up is not the
     machine's speed). None when a kind has no forward in the windows."""
-    sums = {"decode": [0.0, 0.0], "prompt": [0.0, 0.0]}
-    for line in lines:
-        if line.get("gap_s", 0.0) > WAITED_S or not any(
-                p["window"][0] <= line["time"] <= p["window"][1] for p in probes):
-            continue
-        kind = "decode" if line["shape"].kind == "decode" else "prompt"
-        sums[kind][0] += line["forward_s"]
-        sums[kind][1] += costs.shape_s(line["shape"])
-    if not all(modelled for _, modelled in sums.values()):
-        return None
-    return {kind: measured / modelled for kind, (measured, modelled) in sums.items()}
+    priced = [(line, costs.shape_s(line["shape"])) for line in lines
+              if line.get("gap_s", 0.0) <= WAITED_S
+              and any(p["window"][0] <= line["time"] <= p["window"][1] for p in probes)]
+    ratios = kind_ratios(priced, priced)
+    return None if None in ratios.values() else ratios
 
 
 def tracked(calibration: dict, case_speeds: dict | None, held_out_speeds: dict | None) \
@@ -102,7 +97,6 @@ def speed_tracked(case, requests: list, arrivals: list[float], real: dict,
     per forward the case's other simulations charge); None without a calibration or either
     run's probes."""
     from simulator import validate as v
-    from simulator.calibrate import charges, scaled
 
     case_speeds = run_speeds(real, logs, measured)
     moved = tracked(calibration or {}, case_speeds, (calibration or {}).get("probe_speeds"))

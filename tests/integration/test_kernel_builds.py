@@ -46,9 +46,10 @@ def test_kernels_built_for_another_cpu_kind_pass_their_tests(kind, cache_dir):
     march, needs = BUILDS[kind]
     if not needs <= _cpu_flags():
         pytest.skip(f"this CPU cannot run a {kind} build")
-    if _isa_macros(march) == _isa_macros("native"):
+    macros = _isa_macros(march)
+    if macros == _isa_macros("native"):
         pytest.skip(f"the {kind} build's code paths are this CPU's native build's "
-                    f"({' '.join(sorted(_isa_macros(march)))}), which the kernel tests ran")
+                    f"({' '.join(sorted(macros))}), which the kernel tests ran")
     env = {**os.environ, "SPLITSERVE_KERNEL_MARCH": march}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              *TESTS], cwd=ROOT, env=env, capture_output=True, text=True,
