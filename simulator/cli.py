@@ -56,12 +56,12 @@ def workload(args: argparse.Namespace) -> list[SimRequest]:
                            max_prompt_tokens=args.workload_max_prompt_tokens, seed=args.seed)
     tokenizer = load_tokenizer(options)
     if args.workload == "sharegpt":
-        return from_bench(*build_workload(options, tokenizer))
+        return from_bench(*build_workload(options, tokenizer), tokenizer)
     from bench.workloads import sample_workload
 
     requests = sample_workload(tokenizer, args.workload, num, args.seed)
     return from_bench(requests, arrivals(len(requests), args.rate, args.seed, args.arrival,
-                                         args.cv))
+                                         args.cv), tokenizer)
 
 
 def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,

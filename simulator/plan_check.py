@@ -114,7 +114,8 @@ def earlier_run(args: argparse.Namespace) -> dict | None:
 
 def check(args: argparse.Namespace) -> dict:
     from simulator.record_cache import record_cache_dir
-    from simulator.validate import capacity, load_profiles, profile_for, workload_requests
+    from simulator.validate import (bench_tokenizer, capacity, load_profiles, profile_for,
+                                    workload_requests)
     from simulator.workload import from_bench
 
     costs, profile = profile_for(load_profiles([args.profile]), 1)
@@ -124,7 +125,8 @@ def check(args: argparse.Namespace) -> dict:
     seeds = [int(s) for s in args.seeds.split(",")]
     workloads = {seed: workload_requests(args.workload, args.num_requests, rate, seed)
                  for seed in seeds}
-    simulated_requests = {seed: from_bench(*pair) for seed, pair in workloads.items()}
+    simulated_requests = {seed: from_bench(*pair, bench_tokenizer())
+                          for seed, pair in workloads.items()}
     slo = Slo(args.slo_ttft, args.slo_tbt)
     found = candidates(args.instances, [float(f) for f in args.prefill_fractions.split(",")],
                        args.policies.split(","), chunk_sizes=[None])

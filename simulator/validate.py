@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fnmatch
+import functools
 import itertools
 import json
 import math
@@ -45,7 +46,7 @@ from common.config import ConfigError, InstanceConfig
 from simulator.calibrate import (calibrate_case, case_lines, charges, own_speed, run_logs,
                                  scaled)
 from simulator.costs import CostModel
-from simulator import request_path, speed_probe
+from simulator import previous_run, request_path, speed_probe
 from simulator.fit import fit_profile
 from simulator.forward_check import (forward_classes, forward_time, loop_counters,
                                       measured_overhead)
@@ -146,12 +147,19 @@ def bench_requests(case: Case, num: int, rate: float) -> tuple[list, list[float]
 def workload_requests(workload: str, num: int, rate: float,
                       seed: int) -> tuple[list, list[float]]:
     """bench's requests of a TetriInfer class at `seed` and their Poisson arrival offsets."""
-    from bench.run import BenchOptions, load_tokenizer
     from bench.workload import poisson_arrivals
     from bench.workloads import sample_workload
 
-    requests = sample_workload(load_tokenizer(BenchOptions()), workload, num, seed)
+    requests = sample_workload(bench_tokenizer(), workload, num, seed)
     return requests, poisson_arrivals(len(requests), rate, seed)
+
+
+@functools.cache
+def bench_tokenizer():
+    """The tokenizer bench counts the workloads' prompts with (the default model's)."""
+    from bench.run import BenchOptions, load_tokenizer
+
+    return load_tokenizer(BenchOptions())
 
 
 def uptime() -> str:
@@ -231,7 +239,8 @@ def simulated_run(case: Case, requests: list, arrivals: list[float], costs: Cost
 
     layout = replace(flags_layout(list(LAYOUTS[case.layout][0]), cache_dir),
                      **(charges or {}), record_forwards=True)
-    cluster, wall, cpu = run_cluster(layout, costs, from_bench(requests, arrivals), case.seed)
+    cluster, wall, cpu = run_cluster(layout, costs,
+                                     from_bench(requests, arrivals, bench_tokenizer()), case.seed)
     traces = [cluster.traces[f"r{i}"] for i in range(len(requests))]
     per_request = [{"ttft_s": t.token_times[0] - t.request.arrival_s if t.token_times else None,
                     "jct_s": t.finish - t.request.arrival_s, "output_tokens": len(t.token_times),
@@ -288,12 +297,13 @@ def earlier_real(case: Case, rate: float, num: int, directory: Path | None) -> d
 def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: str,
              out: Path, calibration: dict | None = None, real_from: Path | None = None,
              rate_from_real: bool = False, turn_overhead: str = "0",
-             compact: bool = False) -> dict:
+             compact: bool = False, previous: dict | None = None) -> dict:
     """One case, real and simulated; `calibration` (from `calibrate_case`) scales the model;
     with `real_from`, the real side is that directory's run of the case, if it has one, and
     with `rate_from_real` its rate too (another cost model puts the capacity elsewhere);
     `turn_overhead` seconds per forward, "measured" (the real run's own) or "held-out" (the
-    forwards calibration's)."""
+    forwards calibration's); `previous`: what the run before it measured
+    (simulator.previous_run)."""
     measured, profile = profile_for(profiles, LAYOUTS[case.layout][1])
     rate = (rate_from_real and earlier_rate(case, real_from)) or case_rate(case, measured)
     costs = scaled(measured, calibration) if calibration is not None else measured
@@ -323,6 +333,9 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
               "speed_tracked": speed_probe.speed_tracked(case, requests, arrivals, real, logs,
                                                          measured, calibration, cache_dir,
                                                          overhead),
+              "previous_run": previous_run.simulate_with(case, requests, arrivals,
+                                                         real["summary"], measured, previous,
+                                                         cache_dir),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,
                             "arrival_s": a} for r, a in zip(requests, arrivals)],
               "real": real, "simulated": simulated}
@@ -380,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profiles = load_profiles(args.profile or [str(Path(args.cache_dir) / "profile.json")])
     calibrations: dict[tuple, dict] = {}
+    latest: dict[tuple, dict | None] = {}  # per set: what its last real run measured
     turn_overhead = args.turn_overhead or ("held-out" if args.calibration_seed is not None
                                            and args.calibration != "latencies" else "0")
     for case in select(args.cases):
@@ -399,11 +413,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"(prompt-carrying: {calibrations[key].get('prompt_factor') or 0:.3f}), "
                   f"{calibrations[key]['turn_overhead_s'] * 1e3:.2f} ms loop work per forward "
                   f"(held-out seed {args.calibration_seed})", flush=True)
-        print(format_errors(case, run_case(case, args.num_requests, profiles, args.cache_dir,
-                                           args.out, calibrations.get(key), args.real_from,
-                                           args.rate_from_real, turn_overhead,
-                                           args.compact)),
-              flush=True)
+            latest[key] = previous_run.measurements(
+                Case(*key, args.calibration_seed, args.sampled).name, calibrations[key])
+        result = run_case(case, args.num_requests, profiles, args.cache_dir, args.out,
+                          calibrations.get(key), args.real_from, args.rate_from_real,
+                          turn_overhead, args.compact, latest.get(key))
+        latest[key] = previous_run.measurements(case.name, result["own_speed"]) or latest.get(key)
+        print(format_errors(case, result), flush=True)
     return 0
 
 

@@ -10,14 +10,23 @@ seconds (simulated against real) and real/model (the real run's forwards, measur
 cost model's price for the same shapes; from its forward log). A case calibrated on a held-out
 run gives two rows: the profile alone, then with the calibration (k, the loop's own work);
 a case whose run and held-out run had speed probes one more: the held-out calibration moved by
-the machine's drift between them (simulator.speed_probe); a case with a forward log one more:
-replayed at its own run's forward speed (not held out).
+the machine's drift between them (simulator.speed_probe); one more calibrated on the real run
+just before it (simulator.previous_run); a case with a forward log one more: replayed at its own
+run's forward speed (not held out).
+
+    python -m simulator.validation_table --counts DIR [DIR ...]
+
+prints instead one line per case (each side's k and errors: held out, moved by the probes, the
+run before, own speed) and how many cases meet all five targets and the TTFT mean's, per side;
+a directory's previous-run.json (simulator.previous_run) supplies the run-before side of case
+files written before it existed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from simulator.validate import METRICS, Case
@@ -46,7 +55,9 @@ def format_errors(case: Case, result: dict) -> str:
 
 
 def case_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.glob("*.json") if not p.name.startswith("calibration-"))
+    """A validation directory's case files (not its calibrations or previous-run.json)."""
+    return sorted(p for p in directory.glob("*.json")
+                  if not p.name.startswith("calibration-") and p.name != "previous-run.json")
 
 
 def cell(error: dict) -> str:
@@ -79,6 +90,10 @@ def rows(label: str, result: dict) -> list[list[str]]:
         drift = tracked["drift"]
         lines.append(row(f"{label}, held-out moved by the probes' drift x{drift['decode']:.2f}/"
                          f"{drift['prompt']:.2f}", result, tracked["errors"]))
+    previous = result.get("previous_run")
+    if previous:
+        lines.append(row(f"{label}, the run before ({previous['source']}) "
+                         f"{measures(previous, result)}", result, previous["errors"]))
     if own:
         lines.append(row(f"{label}, own run's {measures(own)}", result, own["errors"]))
     return lines
@@ -118,11 +133,63 @@ def table(directories: list[Path]) -> str:
     return "\n".join(lines)
 
 
+SIDES = ("held out", "tracked", "run before", "own speed")
+
+
+def sides(result: dict, previous: dict | None = None) -> dict[str, tuple[dict, dict]]:
+    """(k and the rest measured, errors) of each side a case has; `previous`: its run-before
+    side from a previous-run.json, where the case file has none."""
+    found = {"held out": (result.get("calibration") or {}, result["errors"])}
+    for side, key in (("tracked", "speed_tracked"), ("run before", "previous_run"),
+                      ("own speed", "own_speed")):
+        value = result.get(key) or (previous if side == "run before" else None)
+        if value:
+            found[side] = (value, value["errors"])
+    return found
+
+
+def counts(directories: list[Path]) -> str:
+    """A markdown table, one row per case: each side's k (decode/prompt) and errors; then per
+    side how many cases meet all five targets and the TTFT mean's (the median absolute TTFT
+    mean error)."""
+    tally: dict[str, list] = {side: [] for side in SIDES}
+    lines = ["| case | req/s | " + " | ".join(f"{side}: k, " + " / ".join(
+        HEADERS[m] for m in METRICS) for side in SIDES) + " |", "|---|---|" + "---|" * len(SIDES)]
+    for directory in directories:
+        extra = directory / "previous-run.json"
+        before = json.loads(extra.read_text()) if extra.is_file() else {}
+        for path in case_files(directory):
+            result = json.loads(path.read_text())
+            found = sides(result, (before.get(path.stem) or {}).get("run_before"))
+            cells = []
+            for side in SIDES:
+                measured, errors = found.get(side, (None, None))
+                if errors is None:
+                    cells.append("-")
+                    continue
+                tally[side].append(errors)
+                k = f"{measured.get('factor') or 0:.2f}/{measured.get('prompt_factor') or 0:.2f}"
+                cells.append(f"k {k}: " + " / ".join(cell(errors[m]) for m in METRICS))
+            lines.append(f"| {path.stem} | {result['rate']:.2f} | " + " | ".join(cells) + " |")
+    lines += ["", "| side | cases | all five targets | TTFT mean within 5% | median TTFT mean "
+              "error |", "|---|---|---|---|---|"]
+    for side, errors in tally.items():
+        if errors:
+            five = sum(all(e[m]["within_target"] for m in METRICS) for e in errors)
+            ttft = statistics.median(abs(e["ttft_mean"]["relative_error"]) for e in errors)
+            within = sum(e["ttft_mean"]["within_target"] for e in errors)
+            lines.append(f"| {side} | {len(errors)} | {five} | {within} | {ttft:.1%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulator.validation_table",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("directories", nargs="+", type=Path)
-    print(table(parser.parse_args(argv).directories))
+    parser.add_argument("--counts", action="store_true",
+                        help="one line per case, each side's errors, and counts per side")
+    args = parser.parse_args(argv)
+    print(counts(args.directories) if args.counts else table(args.directories))
     return 0
 
 

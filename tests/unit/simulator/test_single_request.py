@@ -124,3 +124,39 @@ def test_the_handoff_per_token_delays_a_longer_prompt_more():
         moved = 0.01 + prompt * 1e-4
         assert [t - moved for t in handed.token_times[1:]] == pytest.approx(
             plain.token_times[1:])
+
+
+def test_a_prompt_holding_an_earlier_one_finds_its_blocks_cached_when_ids_are_known():
+    first = tuple(range(100, 200))  # 100 tokens: six full blocks of 16
+    second = first + tuple(range(500, 530))  # the next turn of the same conversation
+    later = ARRIVAL + 1.0  # the first request is long done
+
+    def second_ttft(ids: bool) -> float:
+        requests = [SimRequest("r0", ARRIVAL, 100, 2, 2, prompt_token_ids=first if ids else None),
+                    SimRequest("r1", later, 130, 2, 2, prompt_token_ids=second if ids else None)]
+        cluster = SimCluster(layout(), COSTS, requests)
+        cluster.run()
+        return cluster.traces["r1"].token_times[0] - later
+
+    # made-up ids are unique per request: the whole prompt, in chunks of 64, 64 and 2
+    assert second_ttft(False) == pytest.approx(
+        2 * base(64) + base(2) + 0.001 + (64 + 128) * 1e-6 + (64 * 64 + 128 * 2) * 1e-8)
+    # the real ids: the six blocks the first prompt filled are cached, 34 tokens are new
+    assert second_ttft(True) == pytest.approx(base(34) + 0.001 + 96 * 1e-6 + 96 * 34 * 1e-8)
+
+
+def test_bench_requests_take_their_prompts_token_ids_from_bench_s_tokenizer():
+    from bench.workload import BenchRequest
+    from common.config import ConfigError
+    from simulator.workload import from_bench
+
+    class Words:  # one token per word, as a stand-in for bench's tokenizer
+        def encode(self, text: str) -> list[int]:
+            return [len(word) for word in text.split()]
+
+    requests = [BenchRequest("a bb ccc", 3, 4, 4), BenchRequest("a bb ccc dddd", 4, 4, 4)]
+    made = from_bench(requests, [0.0, 1.0], Words())
+    assert [r.prompt_ids(i) for i, r in enumerate(made)] == [[1, 2, 3], [1, 2, 3, 4]]
+    assert from_bench(requests, [0.0, 1.0])[1].prompt_ids(1)[0] != made[1].prompt_ids(1)[0]
+    with pytest.raises(ConfigError, match="not the tokenizer bench used"):
+        from_bench([BenchRequest("a bb", 3, 4, 4)], [0.0], Words())
