@@ -118,13 +118,12 @@ def resimulate(directory: Path, cache_dir: str) -> dict[str, dict]:
 
 def tally(rows: dict[str, dict]) -> str:
     """Per side, how many cases meet all five targets and the TTFT mean's."""
-    from simulator.validate import METRICS
+    from simulator.validation_table import target_counts
 
     parts = []
     for side in ("held_out", "run_before", "own_speed"):
         found = [r[side]["errors"] for r in rows.values() if r.get(side)]
-        five = sum(all(e[m]["within_target"] for m in METRICS) for e in found)
-        ttft = sum(e["ttft_mean"]["within_target"] for e in found)
+        five, ttft, _ = target_counts(found) if found else (0, 0, 0.0)
         parts.append(f"{side.replace('_', ' ')}: all five {five}/{len(found)}, TTFT mean "
                      f"{ttft}/{len(found)}")
     return "; ".join(parts)

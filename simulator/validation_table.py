@@ -16,8 +16,9 @@ run's forward speed (not held out).
 
     python -m simulator.validation_table --counts DIR [DIR ...]
 
-prints instead one line per case (each side's k and errors: held out, moved by the probes, the
-run before, own speed) and how many cases meet all five targets and the TTFT mean's, per side;
+prints instead a markdown table with one row per case (each side's k and errors: held out,
+moved by the probes, the run before, own speed) and how many cases meet all five targets and
+the TTFT mean's, per side;
 a directory's previous-run.json (simulator.previous_run) supplies the run-before side of case
 files written before it existed.
 """
@@ -175,11 +176,17 @@ def counts(directories: list[Path]) -> str:
               "error |", "|---|---|---|---|---|"]
     for side, errors in tally.items():
         if errors:
-            five = sum(all(e[m]["within_target"] for m in METRICS) for e in errors)
-            ttft = statistics.median(abs(e["ttft_mean"]["relative_error"]) for e in errors)
-            within = sum(e["ttft_mean"]["within_target"] for e in errors)
-            lines.append(f"| {side} | {len(errors)} | {five} | {within} | {ttft:.1%} |")
+            five, within, median = target_counts(errors)
+            lines.append(f"| {side} | {len(errors)} | {five} | {within} | {median:.1%} |")
     return "\n".join(lines)
+
+
+def target_counts(errors: list[dict]) -> tuple[int, int, float]:
+    """Of cases' errors (`simulator.validate.errors`): how many meet all five targets, how many
+    the TTFT mean's, and the median absolute TTFT mean error."""
+    five = sum(all(e[m]["within_target"] for m in METRICS) for e in errors)
+    within = sum(e["ttft_mean"]["within_target"] for e in errors)
+    return five, within, statistics.median(abs(e["ttft_mean"]["relative_error"]) for e in errors)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("directories", nargs="+", type=Path)
     parser.add_argument("--counts", action="store_true",
-                        help="one line per case, each side's errors, and counts per side")
+                        help="one row per case with each side's errors, and counts per side")
     args = parser.parse_args(argv)
     print(counts(args.directories) if args.counts else table(args.directories))
     return 0
