@@ -91,6 +91,9 @@ def simulation_section(cluster: SimCluster, wall_s: float, cpu_s: float) -> dict
         "migrations": cluster.migrations,
         "transfers": dict(cluster.transfer),
         "kv_check": kv_check(cluster),
+        "prefix_cache": {  # KVCacheManager.stats, summed: tokens looked up and found cached
+            "queries": sum(i.kv.stats.queries for i in instances),
+            "hits": sum(i.kv.stats.hits for i in instances)},
         "cost_model": cluster.costs.source,
         "link": {"bandwidth_bytes_per_s": cluster.link.bandwidth,
                  "latency_s": cluster.link.latency_s,

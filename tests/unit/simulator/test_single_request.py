@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from simulator.cluster import SimCluster
-from simulator.run import Slo, simulate
+from simulator.run import Slo, simulate, simulation_section
 from simulator.workload import SimRequest
 
 from unit.simulator.sim_fixtures import BANDWIDTH, COSTS, LATENCY, coupled, layout
@@ -136,6 +136,9 @@ def test_a_prompt_holding_an_earlier_one_finds_its_blocks_cached_when_ids_are_kn
                     SimRequest("r1", later, 130, 2, 2, prompt_token_ids=second if ids else None)]
         cluster = SimCluster(layout(), COSTS, requests)
         cluster.run()
+        cached = simulation_section(cluster, 1.0, 1.0)["prefix_cache"]["hits"]
+        # the report sums the hits: the six blocks on the prefill and on the decode instance
+        assert cached == (2 * 96 if ids else 0)
         return cluster.traces["r1"].token_times[0] - later
 
     # made-up ids are unique per request: the whole prompt, in chunks of 64, 64 and 2
