@@ -171,7 +171,8 @@ def counts(directories: list[Path]) -> str:
                 tally[side].append(errors)
                 k = f"{measured.get('factor') or 0:.2f}/{measured.get('prompt_factor') or 0:.2f}"
                 cells.append(f"k {k}: " + " / ".join(cell(errors[m]) for m in METRICS))
-            lines.append(f"| {path.stem} | {result['rate']:.2f} | " + " | ".join(cells) + " |")
+            label = f"{path.stem} ({directory.name})" if len(directories) > 1 else path.stem
+            lines.append(f"| {label} | {result['rate']:.2f} | " + " | ".join(cells) + " |")
     lines += ["", "| side | cases | all five targets | TTFT mean within 5% | median TTFT mean "
               "error |", "|---|---|---|---|---|"]
     for side, errors in tally.items():
