@@ -189,14 +189,22 @@ def own_speed(case, requests: list, arrivals: list[float], real: dict,
     its own `logs`, `run_logs(real)`: not held out, a diagnostic): what is left of the error
     once the machine's speed during the run is known is the simulated loop's, not the cost
     model's. None without a forward log."""
-    from simulator import validate as v
-
     if logs is None:
         return None
     speed = {**from_forwards(case_lines(real, logs), costs), **path_charges(real, logs)}
-    replay = v.simulated_run(case, requests, arrivals, scaled(costs, speed), cache_dir,
-                             charges(speed))
-    return {**speed, "errors": v.errors(real["summary"], replay["summary"])}
+    return simulate_with(case, requests, arrivals, real["summary"], costs, speed, cache_dir)
+
+
+def simulate_with(case, requests: list, arrivals: list[float], real_summary: dict,
+                  costs: CostModel, measured: dict, cache_dir: str) -> dict:
+    """The case simulated with what a run measured (k per kind and the charges: a
+    calibration, a case's own run, the run before it): `measured` with the errors against
+    `real_summary` beside it."""
+    from simulator import validate as v
+
+    replay = v.simulated_run(case, requests, arrivals, scaled(costs, measured), cache_dir,
+                             charges(measured))
+    return {**measured, "errors": v.errors(real_summary, replay["summary"])}
 
 
 def scaled(costs: CostModel, calibration: dict) -> CostModel:

@@ -24,11 +24,9 @@ import argparse
 import json
 from pathlib import Path
 
-from simulator.calibrate import charges, scaled
-from simulator.costs import CostModel
+from simulator.calibrate import CHARGES, simulate_with
 
-MEASURED = ("factor", "prompt_factor", "turn_overhead_s", "request_latency_s", "wake_s",
-            "wake_prompt_s", "handoff_s", "handoff_per_token_s")
+MEASURED = ("factor", "prompt_factor", *CHARGES)  # what a later case is simulated with
 
 
 def measurements(source: str, measured: dict | None) -> dict | None:
@@ -37,20 +35,6 @@ def measurements(source: str, measured: dict | None) -> dict | None:
     if not measured or "factor" not in measured:
         return None
     return {"source": source, **{name: measured[name] for name in MEASURED if name in measured}}
-
-
-def simulate_with(case, requests: list, arrivals: list[float], real_summary: dict,
-                  costs: CostModel, previous: dict | None, cache_dir: str) -> dict | None:
-    """The case simulated with the run before it's `measurements`; its errors against the real
-    summary. None without one."""
-    from simulator import validate as v
-
-    if previous is None:
-        return None
-    replay = v.simulated_run(case, requests, arrivals, scaled(costs, previous), cache_dir,
-                             charges(previous))
-    replay.pop("forwards")
-    return {**previous, "errors": v.errors(real_summary, replay["summary"])}
 
 
 def run_order(results: list[dict]) -> list[dict]:
@@ -78,18 +62,20 @@ def sets(directory: Path) -> dict[tuple, tuple[dict | None, list[dict]]]:
     grouped: dict[tuple, list[dict]] = {}
     for path in case_files(directory):
         result = {**json.loads(path.read_text()), "case_name": path.stem}
-        if not (result.get("real") or {}).get("load_window"):
-            continue  # a compact re-simulation: no run order
-        c = result["case"]
-        grouped.setdefault((c["layout"], c["workload"], c["rate"], c.get("sampled", False)),
-                           []).append(result)
-    found = {}
-    for key, cases in grouped.items():
-        name = f"{key[0]}-{key[1]}-{key[2]}-s*{'-sampled' if key[3] else ''}"
-        calibration = next((dict(json.loads(p.read_text()), case_name=p.stem.removeprefix(
-            "calibration-")) for p in sorted(directory.glob(f"calibration-{name}.json"))), None)
-        found[key] = (calibration, run_order(cases))
-    return found
+        if (result.get("real") or {}).get("load_window"):  # else a compact re-simulation
+            grouped.setdefault(set_of(result), []).append(result)
+    calibrations = {}
+    for path in sorted(directory.glob("calibration-*.json")):
+        calibration = json.loads(path.read_text())
+        calibrations.setdefault(set_of(calibration), {
+            **calibration, "case_name": path.stem.removeprefix("calibration-")})
+    return {key: (calibrations.get(key), run_order(cases)) for key, cases in grouped.items()}
+
+
+def set_of(result: dict) -> tuple:
+    """(layout, workload, rate, sampled) of a case file or a calibration file."""
+    c = result["case"]
+    return c["layout"], c["workload"], c["rate"], c.get("sampled", False)
 
 
 def resimulate(directory: Path, cache_dir: str) -> dict[str, dict]:
@@ -99,18 +85,20 @@ def resimulate(directory: Path, cache_dir: str) -> dict[str, dict]:
     day)."""
     from simulator import validate as v
 
-    rows = {}
+    rows, fitted = {}, {}
     for calibration, cases in sets(directory).values():
         held_out = measurements(calibration["case_name"], calibration) if calibration else None
         for result, previous in chain(calibration, cases):
             case = v.Case(**result["case"])
-            costs, _ = v.profile_for(v.load_profiles([result["profile"]["path"]]),
-                                     v.LAYOUTS[case.layout][1])
+            path, threads = result["profile"]["path"], v.LAYOUTS[case.layout][1]
+            if (path, threads) not in fitted:  # one fit per record, not per case
+                fitted[path, threads] = v.profile_for(v.load_profiles([path]), threads)[0]
             requests, arrivals = v.bench_requests(case, result["num_requests"], result["rate"])
             real = result["real"]["summary"]
             own = measurements(result["case_name"], result.get("own_speed"))
             rows[result["case_name"]] = {
-                side: simulate_with(case, requests, arrivals, real, costs, measured, cache_dir)
+                side: measured and simulate_with(case, requests, arrivals, real,
+                                                 fitted[path, threads], measured, cache_dir)
                 for side, measured in (("held_out", held_out), ("run_before", previous),
                                        ("own_speed", own))}
     return rows

@@ -44,7 +44,7 @@ from pathlib import Path
 
 from common.config import ConfigError, InstanceConfig
 from simulator.calibrate import (calibrate_case, case_lines, charges, own_speed, run_logs,
-                                 scaled)
+                                 scaled, simulate_with)
 from simulator.costs import CostModel
 from simulator import previous_run, request_path, speed_probe
 from simulator.fit import fit_profile
@@ -333,7 +333,7 @@ def run_case(case: Case, num: int, profiles: list[tuple[str, dict]], cache_dir: 
               "speed_tracked": speed_probe.speed_tracked(case, requests, arrivals, real, logs,
                                                          measured, calibration, cache_dir,
                                                          overhead),
-              "previous_run": previous_run.simulate_with(case, requests, arrivals,
+              "previous_run": previous and simulate_with(case, requests, arrivals,
                                                          real["summary"], measured, previous,
                                                          cache_dir),
               "requests": [{"prompt_tokens": r.num_prompt_tokens, "max_tokens": r.max_tokens,

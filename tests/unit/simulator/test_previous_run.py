@@ -39,7 +39,8 @@ def test_a_run_without_a_forward_log_passes_the_last_measurements_on():
 
 
 def case_file(tmp_path, name: str, started: float, layout="1P1D", sampled=False) -> None:
-    case = {"layout": layout, "workload": "LPLD", "rate": "high", "seed": int(name[-1]),
+    seed = int(name.split("-s")[1][0])
+    case = {"layout": layout, "workload": "LPLD", "rate": "high", "seed": seed,
             "sampled": sampled}
     errors = {m: {"relative_error": 0.01 * started, "within_target": started < 3}
               for m in ("ttft_mean", "ttft_p99", "tpot_mean", "jct_mean", "throughput_tokens")}
@@ -52,11 +53,18 @@ def test_sets_group_a_directory_by_layout_workload_rate_and_sampling_in_run_orde
     case_file(tmp_path, "1P1D-LPLD-high-s0", 5.0)  # ran last (a set run again, say)
     case_file(tmp_path, "1P1D-LPLD-high-s1", 1.0)
     case_file(tmp_path, "1P2D-LPLD-high-s0", 2.0, layout="1P2D")
-    (tmp_path / "calibration-1P1D-LPLD-high-s9.json").write_text(json.dumps({"factor": 1.5}))
+    case_file(tmp_path, "1P1D-LPLD-high-s0-sampled", 3.0, sampled=True)
+    for sampled, factor in ((False, 1.5), (True, 1.7)):  # the sampled one's name sorts first
+        case = {"layout": "1P1D", "workload": "LPLD", "rate": "high", "seed": 9,
+                "sampled": sampled}
+        (tmp_path / f"calibration-1P1D-LPLD-high-s9{'-sampled' * sampled}.json").write_text(
+            json.dumps({"case": case, "factor": factor}))
     found = sets(tmp_path)
-    assert set(found) == {("1P1D", "LPLD", "high", False), ("1P2D", "LPLD", "high", False)}
+    assert set(found) == {("1P1D", "LPLD", "high", False), ("1P2D", "LPLD", "high", False),
+                          ("1P1D", "LPLD", "high", True)}
     calibration, cases = found[("1P1D", "LPLD", "high", False)]
     assert calibration["case_name"] == "1P1D-LPLD-high-s9" and calibration["factor"] == 1.5
+    assert found[("1P1D", "LPLD", "high", True)][0]["factor"] == 1.7
     assert [c["case_name"] for c in cases] == ["1P1D-LPLD-high-s1", "1P1D-LPLD-high-s0"]
     assert found[("1P2D", "LPLD", "high", False)][0] is None
 
