@@ -37,11 +37,12 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from common.engine.forward_log import WAITED_S as WAIT_S
+from simulator.cores import work_seconds
 from simulator.costs import CostModel
 
 # What a calibration charges beside the scaled cost model: Layout fields
 CHARGES = ("turn_overhead_s", "request_latency_s", "wake_s", "wake_prompt_s", "handoff_s",
-           "handoff_per_token_s")
+           "handoff_per_token_s", "shared_cores", "core_threads")
 
 # the metrics k is fitted to (paths in bench's summary)
 CALIBRATION_METRICS = (("ttft_s", "mean"), ("tpot_s", "mean"), ("jct_s", "mean"))
@@ -87,7 +88,8 @@ def per_row_fit(lines: list[dict], costs: CostModel) -> tuple[float, float]:
     return k, c
 
 
-def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) -> dict:
+def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False,
+                  cores: int | None = None, threads: int = 1) -> dict:
     """k = measured / modelled seconds over a forward log's decode steps (each priced at its own
     shape), the same ratio over its forwards that carry a prompt chunk (`prompt_factor`: a
     1-thread prefill instance slowed 26-33% in service where decode steps did not), the loop's
@@ -96,10 +98,14 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
     of its kind after a wait): how much
     longer than k x its price a forward ran when the loop had waited for work before it. The
     ratios come from the forwards that followed another without a wait (all of a kind when none
-    did); a kind the log lacks takes the other's ratio."""
+    did); a kind the log lacks takes the other's ratio. With `cores` (the instances shared that
+    many cores, `threads` threads each: `Layout.shared_cores`) every ratio is of the seconds of
+    work each forward did (`simulator.cores.work_seconds`), not of its wall time, and the result
+    carries `shared_cores` and `core_threads` for the simulation."""
     if not lines:
         raise ValueError("the held-out run's forward log has no forward in its load window")
-    priced = [(line, costs.shape_s(line["shape"])) for line in lines]
+    worked = work_seconds(lines, cores, threads) if cores else lines
+    priced = [(line, costs.shape_s(line["shape"])) for line in worked]
     woke = [(line, model) for line, model in priced if line.get("gap_s", 0.0) > WAIT_S]
     ratios = kind_ratios([(line, model) for line, model in priced
                           if line.get("gap_s", 0.0) <= WAIT_S], priced)
@@ -113,7 +119,7 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
     pooled = excess["decode"] + excess["prompt"]
     wake = {kind: max(statistics.fmean(values or pooled), 0.0) if pooled else 0.0
             for kind, values in excess.items()}
-    measured = sum(line["forward_s"] for line in lines)
+    measured = sum(line["forward_s"] for line in worked)
     modelled = sum(model for _, model in priced)
     overhead = sum(max(line["turn_s"] - line["forward_s"], 0.0) for line in lines) / len(lines)
     result = {"factor": factor, "prompt_factor": prompt_factor,
@@ -121,8 +127,10 @@ def from_forwards(lines: list[dict], costs: CostModel, per_row: bool = False) ->
               "wake_s": wake["decode"], "wake_prompt_s": wake["prompt"],
               "woke_forwards": len(woke),
               "forwards": len(lines), "measured_s": measured, "modelled_s": modelled}
+    if cores:
+        result.update(shared_cores=cores, core_threads=threads)
     if per_row:  # mode "forwards-rows"
-        result["factor"], result["per_row_s"] = per_row_fit(lines, costs)
+        result["factor"], result["per_row_s"] = per_row_fit(worked, costs)
     return result
 
 
@@ -165,8 +173,8 @@ def calibrate_case(case, num: int, profiles: list, cache_dir: str, out: Path,
     logs = run_logs(real)
     lines = case_lines(real, logs)
     if mode in ("forwards", "forwards-rows"):
-        result.update(from_forwards(lines or [], costs, mode == "forwards-rows"),
-                      **path_charges(real, logs))
+        result.update(from_forwards(lines or [], costs, mode == "forwards-rows",
+                                    **v.sharing(case)), **path_charges(real, logs))
     elif mode == "latencies":
         result["factor"], result["tried"] = fit_factor(real["summary"], lambda k: v.simulated_run(
             case, requests, arrivals, costs.scaled(k), cache_dir)["summary"])
@@ -189,9 +197,12 @@ def own_speed(case, requests: list, arrivals: list[float], real: dict,
     its own `logs`, `run_logs(real)`: not held out, a diagnostic): what is left of the error
     once the machine's speed during the run is known is the simulated loop's, not the cost
     model's. None without a forward log."""
+    from simulator.validate import sharing
+
     if logs is None:
         return None
-    speed = {**from_forwards(case_lines(real, logs), costs), **path_charges(real, logs)}
+    speed = {**from_forwards(case_lines(real, logs), costs, **sharing(case)),
+             **path_charges(real, logs)}
     return simulate_with(case, requests, arrivals, real["summary"], costs, speed, cache_dir)
 
 
@@ -220,7 +231,9 @@ def charges(calibration: dict) -> dict:
     """The Layout fields a calibration sets beside the cost model (what it did not measure: 0;
     a calibration from before the wake-up per kind: its one wake_s for both kinds)."""
     return {name: calibration.get(name) or 0.0 for name in CHARGES} | {
-        "wake_prompt_s": calibration.get("wake_prompt_s", calibration.get("wake_s") or 0.0)}
+        "wake_prompt_s": calibration.get("wake_prompt_s", calibration.get("wake_s") or 0.0),
+        "shared_cores": calibration.get("shared_cores"),  # measured before: None, no sharing
+        "core_threads": calibration.get("core_threads") or 1}
 
 
 def path_charges(real: dict, logs: dict[str, list[dict]] | None) -> dict:

@@ -32,6 +32,7 @@ from control_plane.cluster import InstanceRegistry
 from control_plane.transition import FlipDecision, PoolSnapshot
 from simulator import policies
 from simulator.costs import CostModel, Link, link_named
+from simulator.cores import SharedCores
 from simulator.engine import EventLoop
 from simulator.instances import GATEWAY, SimInstance
 from simulator.workload import EOS_TOKEN, SimRequest
@@ -82,6 +83,12 @@ class Layout:
     # Keep each forward's shape and seconds (SimInstance.forwards), as a real instance's forward
     # log does (simulator.forward_check compares the two)
     record_forwards: bool = False
+    # The instances share this many cores, `core_threads` threads each (simulator/cores.py):
+    # a forward slows while more threads want a core than there are (a 1P2D cluster of 1-thread
+    # instances on a 2-core machine); None: each instance has its own hardware. Decode steps are
+    # then planned one at a time (no steady leaps: a leap's times assume its core to itself)
+    shared_cores: int | None = None
+    core_threads: int = 1
 
     def __post_init__(self) -> None:
         if min(self.num_prefill, self.num_decode, self.num_coupled) < 0:
@@ -94,6 +101,8 @@ class Layout:
             raise ConfigError("a cluster needs a prefill and a decode instance, or a coupled one")
         if self.leap_steps < 1:
             raise ConfigError("leap_steps must be >= 1")
+        if (self.shared_cores is not None and self.shared_cores < 1) or self.core_threads < 1:
+            raise ConfigError("shared_cores and core_threads must be >= 1")
         if self.instance.transfer.granularity != "request":
             raise ConfigError("the simulator hands KV over per request (chunk-level: not yet)")
 
@@ -116,6 +125,8 @@ class SimCluster:
                  seed: int = 0) -> None:
         self.layout, self.costs, self.seed = layout, costs, seed
         self.loop = EventLoop()
+        self.cores = (SharedCores(self.loop, layout.shared_cores, layout.core_threads)
+                      if layout.shared_cores else None)
         self.requests = sorted(requests, key=lambda r: r.arrival_s)
         self.output_lengths = {r.request_id: r.output_tokens for r in self.requests}
         self.traces: dict[str, Trace] = {}

@@ -51,7 +51,7 @@ class SimInstance:
         self.flip_target = ""  # draining for a flip to this role
         self.link_free_at = 0.0  # when the KV link into this instance is free again
         self.role: SimRole = ROLES[role](self)
-        self.steady_decode = cluster.layout.steady_decode
+        self.steady_decode = cluster.layout.steady_decode and cluster.cores is None
         self.leap: steady.Leap | None = None  # steady decode forwards in flight
 
     # -- the loop ------------------------------------------------------------------------------
@@ -88,8 +88,12 @@ class SimInstance:
             return
         seconds = self.costs.forward_s(plan, self.kv.block_size) + self._wake_s(plan)
         self.busy = True
-        self.loop.after(seconds + self.cluster.layout.turn_overhead_s, self._forward_done, plan,
-                        seconds)
+        if self.cluster.cores is None:
+            self.loop.after(seconds + self.cluster.layout.turn_overhead_s, self._forward_done,
+                            plan, seconds)
+        else:
+            self.cluster.cores.start(self, seconds, lambda wall: self.loop.after(
+                self.cluster.layout.turn_overhead_s, self._forward_done, plan, wall))
 
     def _wake_s(self, plan: BatchPlan | None) -> float:
         """`Layout.wake_s` for the first forward after the instance had nothing to do

@@ -230,6 +230,16 @@ def _load(cluster, requests: list, arrivals: list[float], sampling: dict) -> tup
             "speed_probes": probes}, records
 
 
+def sharing(case: Case) -> dict:
+    """`from_forwards`' `cores` and `threads` for a layout whose instances want more threads
+    than the machine's cores (1P2D: three 1-thread instances on two): their forwards share the
+    cores (simulator/cores.py); empty for the others, whose forwards never wait for a core."""
+    flags, threads = LAYOUTS[case.layout]
+    instances = sum(int(flags[i + 1]) for i, flag in enumerate(flags)
+                    if flag in ("--prefill", "--decode", "--coupled"))
+    return {"cores": CORES, "threads": threads} if instances * threads > CORES else {}
+
+
 def simulated_run(case: Case, requests: list, arrivals: list[float], costs: CostModel,
                   cache_dir: str, charges: dict | None = None) -> dict:
     """The same flags through `splitserve simulate`'s parser, the same requests; `charges`:

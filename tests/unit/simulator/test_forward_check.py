@@ -200,13 +200,17 @@ def test_the_handoff_runs_from_a_prompts_last_chunk_to_its_sequences_first_step_
                                  for t, n in ((10.2, 100), (11.0, 300), (12.0, 500))]}
     assert handoff(flat, (0.0, 20.0))["handoff_per_token_s"] == pytest.approx(0.0, abs=1e-12)
     real = {"load_window": [0.0, 20.0]}
-    assert charges(path_charges(real, logs)) == pytest.approx({
+    charged = charges(path_charges(real, logs))
+    # no sharing of cores measured: each instance on its own (simulator/cores.py)
+    assert (charged.pop("shared_cores"), charged.pop("core_threads")) == (None, 1)
+    assert charged == pytest.approx({
         "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.0, "wake_prompt_s": 0.0,
         "handoff_s": 0.01, "handoff_per_token_s": 0.0001})
     # a calibration from before the wake-up per kind charges its one wake_s to both kinds
     assert charges({"handoff_s": None, "wake_s": 0.002}) == {
         "turn_overhead_s": 0.0, "request_latency_s": 0.0, "wake_s": 0.002,
-        "wake_prompt_s": 0.002, "handoff_s": 0.0, "handoff_per_token_s": 0.0}
+        "wake_prompt_s": 0.002, "handoff_s": 0.0, "handoff_per_token_s": 0.0,
+        "shared_cores": None, "core_threads": 1}
 
 
 def test_a_falling_or_negative_handoff_fit_is_flat_or_through_the_origin():
