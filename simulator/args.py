@@ -76,6 +76,12 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--plan-every-forward", action="store_true",
                      help="no steady-decode fast path (simulator/steady.py): the scheduler "
                           "plans every forward; the same result, several times slower")
+    sim.add_argument("--shared-cores", type=int, default=None, metavar="N",
+                     help="the instances share N cores (one machine): a forward slows while "
+                          "more threads want a core than there are (simulator/cores.py; "
+                          "steady decode off); default: each instance has its own hardware")
+    sim.add_argument("--core-threads", type=int, default=1, metavar="T",
+                     help="with --shared-cores: threads each instance's forwards keep busy")
     sim.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
     sim.add_argument("--slo-ttft-per-token", type=float, default=0.0, metavar="SECONDS",
                      help="goodput: added to the TTFT bound per prompt token")

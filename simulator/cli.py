@@ -69,7 +69,9 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
     return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
                   instance=instance, gateway=gateway, link=args.link,
                   flip_switch_s=args.flip_switch, **stack_times(args),
-                  steady_decode=not args.plan_every_forward)
+                  steady_decode=not args.plan_every_forward,
+                  shared_cores=getattr(args, "shared_cores", None),
+                  core_threads=getattr(args, "core_threads", 1))
 
 
 def run_from_args(args: argparse.Namespace, instance: InstanceConfig,

@@ -72,3 +72,18 @@ def test_a_negative_stack_time_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("splitserve simulate: error:") and "must be >= 0" in err
     assert "\n" not in err and not (tmp_path / "r.json").exists()
+
+
+def test_shared_cores_reach_the_layout_and_slow_a_cluster_that_wants_more(tmp_path, capsys):
+    args = build_parser().parse_args(["simulate", "--shared-cores", "2", "--core-threads", "1"])
+    layout = layout_from_args(args, cluster_instance_config(args), gateway_config(args, 0))
+    assert (layout.shared_cores, layout.core_threads) == (2, 1)
+    flags = ("--hardware", "h100-llama2-7b", "--prefill", "1", "--decode", "2",
+             "--local-prefill", "off")
+    alone = simulate(tmp_path, *flags)
+    shared = simulate(tmp_path, *flags, "--shared-cores", "1")
+    assert shared["num_ok"] == alone["num_ok"] == 20
+    assert shared["jct_s"]["mean"] > alone["jct_s"]["mean"]
+    assert main(["simulate", "--hardware", "h100-llama2-7b", "--shared-cores", "0", "--out",
+                 str(tmp_path / "r.json")]) == 2
+    assert "shared_cores and core_threads must be >= 1" in capsys.readouterr().err
