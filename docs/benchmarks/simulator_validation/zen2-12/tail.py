@@ -37,8 +37,8 @@ def main() -> None:
         real, real_ttft = split.real_split(case)
         sim, sim_ttft = split.sim_split(case, profile, own=True)
         order = sorted(range(len(real_ttft)), key=lambda i: -(real_ttft[i] or 0))[:TOP]
-        print(f"{path.stem}: the {TOP} longest real TTFTs (ms: wait / forward / back = TTFT; "
-              f"real | simulated at own speed; arrival s)")
+        print(f"{path.parent.name}/{path.stem}: the {TOP} longest real TTFTs (ms: wait / "
+              f"forward / back = TTFT; real | simulated at own speed; arrival s)")
         for i in order:
             cells = []
             for parts, ttft in ((real[i], real_ttft[i]), (sim[i], sim_ttft[i])):
