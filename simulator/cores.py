@@ -90,13 +90,12 @@ def work_seconds(lines: list[dict], cores: int, threads: int = 1) -> list[dict]:
     out = []
     for line in lines:
         begin, end = line["time"] - line["forward_s"], line["time"]
-        i, at, work = max(bisect.bisect_right(times, begin) - 1, 0), begin, 0.0
+        # both are edges themselves, so from the last edge at `begin` every step up to `end`
+        # has an edge after it
+        i, at, work = bisect.bisect_right(times, begin) - 1, begin, 0.0
         while at < end:
-            upto = min(times[i + 1], end) if i + 1 < len(times) else end
+            upto = min(times[i + 1], end)
             work += (upto - at) * min(1.0, cores / max(running[i], threads))
-            at, i = max(upto, at), i + 1
-            if i >= len(times):
-                work += (end - at) * min(1.0, cores / threads)
-                break
+            at, i = upto, i + 1
         out.append({**line, "forward_s": work})
     return out
