@@ -65,6 +65,21 @@ def stack_times(args: argparse.Namespace) -> dict[str, float]:
     return {f"{name}_s": getattr(args, name) for name in names}
 
 
+def _core_args(group) -> None:
+    group.add_argument("--shared-cores", type=int, default=None, metavar="N",
+                       help="the instances share N cores (one machine): a forward slows while "
+                            "more threads want a core than there are (simulator/cores.py; "
+                            "steady decode off); default: each instance has its own hardware")
+    group.add_argument("--core-threads", type=int, default=1, metavar="T",
+                       help="with --shared-cores: threads each instance's forwards keep busy")
+
+
+def core_sharing(args: argparse.Namespace) -> dict:
+    """The Layout fields the core flags set (simulator.cluster.Layout checks them)."""
+    return {"shared_cores": getattr(args, "shared_cores", None),
+            "core_threads": getattr(args, "core_threads", 1)}
+
+
 def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulation")
     sim.add_argument("--link", choices=LINKS, default=None,
@@ -76,12 +91,7 @@ def _simulation_args(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--plan-every-forward", action="store_true",
                      help="no steady-decode fast path (simulator/steady.py): the scheduler "
                           "plans every forward; the same result, several times slower")
-    sim.add_argument("--shared-cores", type=int, default=None, metavar="N",
-                     help="the instances share N cores (one machine): a forward slows while "
-                          "more threads want a core than there are (simulator/cores.py; "
-                          "steady decode off); default: each instance has its own hardware")
-    sim.add_argument("--core-threads", type=int, default=1, metavar="T",
-                     help="with --shared-cores: threads each instance's forwards keep busy")
+    _core_args(sim)
     sim.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")
     sim.add_argument("--slo-ttft-per-token", type=float, default=0.0, metavar="SECONDS",
                      help="goodput: added to the TTFT bound per prompt token")
@@ -140,6 +150,9 @@ def add_plan_args(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--json", action="store_true", help="print the result as JSON")
     _stack_time_args(parser.add_argument_group(
         "plan: the serving stack's own times in every candidate, as `simulate` takes them"))
+    _core_args(parser.add_argument_group(
+        "plan: one machine's cores shared by every candidate's instances, as `simulate` takes "
+        "them (a budget of more instances than this machine's cores)"))
     plan.add_argument("--out", default=None, help="also write the JSON here")
     slo = parser.add_argument_group("plan: SLOs (goodput counts requests meeting both)")
     slo.add_argument("--slo-ttft", type=float, default=1.0, metavar="SECONDS")

@@ -16,7 +16,7 @@ from pathlib import Path
 from common.config import ConfigError, GatewayConfig, InstanceConfig
 from common.profile_record import PROFILE_RECORD
 from simulator import costs as cost_files
-from simulator.args import stack_times
+from simulator.args import core_sharing, stack_times
 from simulator.cluster import Layout
 from simulator.costs import CostModel
 from simulator.fit import fit_profile
@@ -69,9 +69,7 @@ def layout_from_args(args: argparse.Namespace, instance: InstanceConfig,
     return Layout(num_prefill=args.prefill, num_decode=args.decode, num_coupled=args.coupled,
                   instance=instance, gateway=gateway, link=args.link,
                   flip_switch_s=args.flip_switch, **stack_times(args),
-                  steady_decode=not args.plan_every_forward,
-                  shared_cores=getattr(args, "shared_cores", None),
-                  core_threads=getattr(args, "core_threads", 1))
+                  steady_decode=not args.plan_every_forward, **core_sharing(args))
 
 
 def run_from_args(args: argparse.Namespace, instance: InstanceConfig,

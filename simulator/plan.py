@@ -63,11 +63,11 @@ class Candidate:
 
 def layout(candidate: Candidate, instance: InstanceConfig | None = None,
            gateway: GatewayConfig | None = None, flip_options: tuple = (),
-           stack_times: dict[str, float] | None = None) -> Layout:
+           fixed: dict | None = None) -> Layout:
     """The cluster a candidate describes, on top of `splitserve up`'s configs (TetriInfer's pure
-    disaggregation by default: no local prefill on decode instances); `stack_times`: the
-    serving stack's own times (Layout fields, simulator.args.stack_times), the same in every
-    candidate."""
+    disaggregation by default: no local prefill on decode instances); `fixed`: Layout fields
+    the same in every candidate (the serving stack's own times, simulator.args.stack_times;
+    the machine's shared cores, simulator.args.core_sharing)."""
     instance = instance or InstanceConfig()
     gateway = gateway or GatewayConfig(routing=RoutingConfig(local_prefill="off"))
     if candidate.num_coupled:
@@ -85,7 +85,7 @@ def layout(candidate: Candidate, instance: InstanceConfig | None = None,
         gateway = replace(gateway, flip_policy=candidate.flip_policy, flip_options=options)
     return Layout(num_prefill=candidate.num_prefill, num_decode=candidate.num_decode,
                   num_coupled=candidate.num_coupled, instance=instance, gateway=gateway,
-                  **(stack_times or {}))
+                  **(fixed or {}))
 
 
 def candidates(budget: int, prefill_fractions: Sequence[float] = (0.25, 0.5, 0.75),

@@ -7,17 +7,20 @@ the same requests and arrival times, their goodput measured under the same SLOs.
 
 Every candidate is a list of `splitserve up` flags (`candidate_flags`): the simulator builds its
 layout from those flags through `splitserve simulate`'s parser (simulator.validate.flags_layout)
-and the real run starts `splitserve up` with them, one torch thread per instance (the budget is
-this machine's cores). Goodput per instance as `splitserve plan` counts it: requests meeting the
-TTFT and p99 TBT SLOs, per second of the arrival window, per instance; on the real side from
-bench's records (bench.metrics.goodput, the same rule). The ranking on both sides uses
-simulator.plan.rank's paired rule: one layout beats another only when it does on every seed.
+and the real run starts `splitserve up` with them, one torch thread per instance. A candidate of
+more instances than this machine's cores is simulated on shared cores (as `splitserve plan
+--shared-cores` does, simulator/cores.py), as its real run shares them. Goodput per instance as
+`splitserve plan` counts it: requests meeting the TTFT and p99 TBT SLOs, per second of the
+arrival window, per instance; on the real side from bench's records (bench.metrics.goodput,
+the same rule). The ranking on both sides uses simulator.plan.rank's paired rule: one layout
+beats another only when it does on every seed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -50,16 +53,28 @@ def candidate_flags(candidate: Candidate) -> list[str]:
     return flags + (chunk if candidate.chunk_size else [])
 
 
+def machine_cores() -> int:
+    """The cores the real runs get (this process's CPU affinity)."""
+    return len(os.sched_getaffinity(0))
+
+
+def sharing_flags(candidate: Candidate, cores: int) -> list[str]:
+    """`splitserve simulate`'s flags for this machine's cores: a candidate of more 1-thread
+    instances than cores shares them (simulator/cores.py), as its real run will."""
+    return ["--shared-cores", str(cores)] if candidate.instances > cores else []
+
+
 def simulate_candidates(found: list[Candidate], costs, simulated: dict, slo: Slo,
-                        cache_dir: str) -> list[dict]:
-    """Each candidate simulated on every seed's requests (`simulated`: seed -> SimRequests),
-    ranked as `splitserve plan` ranks them."""
+                        cache_dir: str, cores: int) -> list[dict]:
+    """Each candidate simulated on every seed's requests (`simulated`: seed -> SimRequests)
+    on `cores` cores, ranked as `splitserve plan` ranks them."""
     from simulator.plan import run_one
     from simulator.validate import flags_layout
 
     rows = []
     for candidate in found:
-        layout = flags_layout(candidate_flags(candidate), cache_dir)
+        layout = flags_layout(candidate_flags(candidate) + sharing_flags(candidate, cores),
+                              cache_dir)
         runs = [run_one(candidate, costs, requests, seed, [slo], lambda _: layout)
                 for seed, requests in simulated.items()]
         rows.append(plan_summary(candidate, runs))
@@ -130,7 +145,8 @@ def check(args: argparse.Namespace) -> dict:
     slo = Slo(args.slo_ttft, args.slo_tbt)
     found = candidates(args.instances, [float(f) for f in args.prefill_fractions.split(",")],
                        args.policies.split(","), chunk_sizes=[None])
-    simulated = simulate_candidates(found, costs, simulated_requests, slo, args.cache_dir)
+    cores = machine_cores()
+    simulated = simulate_candidates(found, costs, simulated_requests, slo, args.cache_dir, cores)
     if args.simulate_only:
         return {"workload": args.workload, "rate": rate, "simulated": simulated}
     by_label = {c.label: c for c in found}
@@ -142,7 +158,7 @@ def check(args: argparse.Namespace) -> dict:
     pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
     return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
             else args.load, "num_requests": args.num_requests, "seeds": seeds,
-            "instances": args.instances, "slo": asdict(slo), "profile": profile,
+            "instances": args.instances, "cores": cores, "slo": asdict(slo), "profile": profile,
             "real_from": str(args.real_from) if earlier else None,
             "flags": {c.label: candidate_flags(c) for c in found},
             "simulated": simulated, "real": real,

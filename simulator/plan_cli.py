@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common.config import ConfigError, GatewayConfig, InstanceConfig
 from simulator import pools as class_pools
-from simulator.args import stack_times
+from simulator.args import core_sharing, stack_times
 from simulator.cli import cost_model
 from simulator.cli import workload as simulate_workload
 from simulator.plan import candidates, evaluate, layout, rank
@@ -73,8 +73,8 @@ def run_from_args(args: argparse.Namespace, instance: InstanceConfig,
     seeds = split(args.seeds, int) or [0]
     slo = Slo(args.slo_ttft, args.slo_tbt, ttft_per_prompt_token_s=args.slo_ttft_per_token)
     requests = workloads(args, seeds)
-    base = partial(layout, instance=instance, gateway=gateway,
-                   flip_options=gateway.flip_options, stack_times=stack_times(args))
+    base = partial(layout, instance=instance, gateway=gateway, flip_options=gateway.flip_options,
+                   fixed={**stack_times(args), **core_sharing(args)})
     rows = []
     for candidate in plan_candidates(args):
         row, _ = evaluate(candidate, costs, requests, [slo], base)

@@ -142,3 +142,25 @@ def test_plan_charges_the_stack_times_in_every_candidate(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("splitserve plan: error:") and "must be >= 0" in err
     assert "\n" not in err
+
+
+def test_plan_shares_one_machines_cores_among_every_candidates_instances(capsys):
+    """`--shared-cores`: each candidate's instances share the cores (simulator/cores.py), so
+    four 1-thread instances on one core run their forwards at a quarter of the speed."""
+    common = ["plan", "--hardware", "h100-llama2-7b", "--instances", "4", "--workload",
+              "synthetic", "--num-requests", "20", "--rate", "10", "--local-prefill", "off",
+              "--prefill-fractions", "0.5", "--policies", "sarathi", "--json"]
+    jct = {}
+    for extra in ([], ["--shared-cores", "4"], ["--shared-cores", "1"]):
+        assert main([*common, *extra]) == 0
+        rows = json.loads(capsys.readouterr().out)["candidates"]
+        jct[tuple(extra)] = {r["candidate"]: r["jct_mean_s"] for r in rows}
+    own, four, one = jct.values()
+    assert set(own) == {"2P:2D", "sarathi x4"}
+    for name, plain in own.items():
+        assert four[name] == pytest.approx(plain, rel=1e-6)  # a core each: no wait
+        assert one[name] > 2.0 * plain
+    assert main([*common, "--shared-cores", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("splitserve plan: error:") and "shared_cores" in err
+    assert "\n" not in err

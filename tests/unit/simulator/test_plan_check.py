@@ -10,8 +10,9 @@ import pytest
 
 from control_plane.cli import build_parser
 from control_plane.cli_args import cluster_instance_config, gateway_config
+from simulator.args import core_sharing
 from simulator.plan import candidates, layout
-from simulator.plan_check import candidate_flags, verdict
+from simulator.plan_check import candidate_flags, sharing_flags, verdict
 from simulator.validate import flags_layout
 
 FOUND = candidates(4, (0.25, 0.5), ("vllm", "sarathi"), flip_policies=("none", "load-ratio"),
@@ -91,3 +92,20 @@ def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monke
                  "--rate", "1.0", "--out", str(tmp_path / "out")])
     assert recorded_chunk_size(seen[0]) == json.loads(RECORD.read_text())[
         "recommended_chunk_size"]
+
+
+@pytest.mark.parametrize("budget", [2, 3])
+def test_a_budget_beyond_the_cores_is_simulated_on_shared_cores(budget, tmp_path):
+    """plan_check simulates a candidate of more instances than the machine's cores on shared
+    cores, the layout `splitserve plan --shared-cores` builds for it."""
+    args = build_parser().parse_args(["plan", "--local-prefill", "off", "--shared-cores", "2",
+                                      "--cache-dir", str(tmp_path)])
+    for candidate in candidates(budget, (0.34, 0.67), ("sarathi",)):
+        planned = layout(candidate, cluster_instance_config(args), gateway_config(args, 0),
+                         fixed=core_sharing(args))
+        flags = candidate_flags(candidate) + sharing_flags(candidate, 2)
+        from_flags = flags_layout(flags, str(tmp_path))
+        assert from_flags.instance == planned.instance
+        assert from_flags.shared_cores == (2 if budget > 2 else None)
+        assert (from_flags.shared_cores, from_flags.core_threads) == (
+            (planned.shared_cores, planned.core_threads) if budget > 2 else (None, 1))
