@@ -39,7 +39,8 @@ def main(path: str, calibrate_on: str) -> None:
     speed = measured_speed(real[calibrate_on], costs)
     print(f"{result['workload']}: speed from {calibrate_on}'s runs: k decode "
           f"{speed['factor']:.3f}, prompt {speed['prompt_factor']:.3f}, request latency "
-          f"{speed.get('request_latency_s') or 0:.3f} s, hand-off {speed.get('handoff_s') or 0:.3f} s")
+          f"{speed.get('request_latency_s') or 0:.3f} s, hand-off "
+          f"{speed.get('handoff_s') or 0:.3f} s")
     slo = Slo(result["slo"]["ttft_s"], result["slo"]["tbt_s"])
     requests = {seed: from_bench(*workload_requests(result["workload"],
                                                     result["num_requests"], result["rate"],

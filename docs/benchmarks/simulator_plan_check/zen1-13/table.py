@@ -15,7 +15,10 @@ def per_seed(values) -> str:
 
 def real_row(real: dict) -> str:
     runs = real["runs"]
-    mean = lambda path: statistics.fmean(r["summary"][path[0]][path[1]] for r in runs)
+
+    def mean(path):
+        return statistics.fmean(r["summary"][path[0]][path[1]] for r in runs)
+
     return (f"{per_seed([r['goodput_per_instance'] for r in runs])} | "
             f"{statistics.fmean(r['slo_attainment'] for r in runs):.0%} | "
             f"{mean(('tbt_s', 'p99')) * 1e3:.0f} | {mean(('jct_s', 'mean')):.1f}")
