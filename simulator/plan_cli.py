@@ -94,7 +94,8 @@ def plan_result(args: argparse.Namespace, seeds: list[int], slo: Slo, source: st
     return {"instances": args.instances, "recommended": ranked[0]["candidate"],
             "workload": {"name": args.workload, "rate": args.rate, "duration_s": args.duration,
                          "num_requests": None if args.duration else args.num_requests},
-            "seeds": seeds, "slo": asdict(slo), "cost_model": source, "candidates": ranked}
+            "seeds": seeds, "slo": asdict(slo), "cost_model": source,
+            "machine": core_sharing(args), "candidates": ranked}
 
 
 def format_table(result: dict) -> str:

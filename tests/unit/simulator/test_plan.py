@@ -153,8 +153,9 @@ def test_plan_shares_one_machines_cores_among_every_candidates_instances(capsys)
     jct = {}
     for extra in ([], ["--shared-cores", "4"], ["--shared-cores", "1"]):
         assert main([*common, *extra]) == 0
-        rows = json.loads(capsys.readouterr().out)["candidates"]
-        jct[tuple(extra)] = {r["candidate"]: r["jct_mean_s"] for r in rows}
+        result = json.loads(capsys.readouterr().out)
+        assert result["machine"]["shared_cores"] == (int(extra[1]) if extra else None)
+        jct[tuple(extra)] = {r["candidate"]: r["jct_mean_s"] for r in result["candidates"]}
     own, four, one = jct.values()
     assert set(own) == {"2P:2D", "sarathi x4"}
     for name, plain in own.items():
