@@ -27,9 +27,9 @@ PROFILE = "docs/benchmarks/simulator_validation/zen1-10/profile-threads1/profile
 
 def measured_speed(real: dict, costs) -> dict:
     runs = real["runs"]
-    lines = [line for run in runs for line in case_lines(run, run_logs(run))]
-    return {**from_forwards(lines, costs, cores=CORES),
-            **path_charges(runs[0], run_logs(runs[0]))}
+    logs = [run_logs(run) for run in runs]
+    lines = [line for run, log in zip(runs, logs) for line in case_lines(run, log)]
+    return {**from_forwards(lines, costs, cores=CORES), **path_charges(runs[0], logs[0])}
 
 
 def main(path: str, calibrate_on: str) -> None:

@@ -12,20 +12,20 @@ import json
 import sys
 
 from simulator.calibrate import case_lines, from_forwards, run_logs
+from simulator.plan import Candidate
 from simulator.validate import load_profiles, profile_for
 
 CORES = 2
 # the checks' --profile (results/vc13/profile.json) was a copy of this record
 PROFILE = "docs/benchmarks/simulator_validation/zen1-10/profile-threads1/profile.json"
 
+costs, _ = profile_for(load_profiles([PROFILE]), 1)
 for path in sys.argv[1:]:
     result = json.load(open(path))
-    costs, _ = profile_for(load_profiles([PROFILE]), 1)
     print(f"{result['workload']} ({path})")
+    layouts = {row["candidate"]: row["layout"] for row in result["simulated"]}
     for real in result["real"]:
-        instances = sum(int(real["runs"][0]["up_args"][i + 1])
-                        for i, flag in enumerate(real["runs"][0]["up_args"])
-                        if flag in ("--prefill", "--decode", "--coupled"))
+        instances = Candidate(**layouts[real["candidate"]]).instances
         for run in real["runs"]:
             lines = case_lines(run, run_logs(run))
             wall = from_forwards(lines, costs)
