@@ -84,17 +84,18 @@ def simulate_candidates(found: list[Candidate], costs, simulated: dict, slo: Slo
 
 
 def real_goodput(candidate: Candidate, workloads: dict, windows: dict, slo: Slo,
-                 cache_dir: str, log_dir: Path) -> dict:
+                 cache_dir: str, log_dir: Path, sampling: dict | None = None) -> dict:
     """The candidate run for real once per seed (`workloads`: seed -> (bench requests,
-    arrivals); `windows`: seed -> arrival window): goodput per instance and the latencies."""
+    arrivals); `windows`: seed -> arrival window): goodput per instance and the latencies.
+    `sampling`: the requests' temperature and top_p (none: greedy)."""
     from bench.metrics import goodput
     from simulator.validate import run_for_real
 
     runs = []
     for seed, (requests, arrivals) in workloads.items():
-        name = f"{candidate.label.replace(' ', '_')}-s{seed}"
+        name = f"{candidate.label.replace(' ', '_')}-s{seed}{'-sampled' if sampling else ''}"
         result, records = run_for_real(name, candidate_flags(candidate), 1, requests,
-                                       arrivals, cache_dir, log_dir)
+                                       arrivals, cache_dir, log_dir, sampling)
         met = goodput(records, 0.0, slo.ttft_s, slo.tbt_s, slo.tbt_percentile)
         runs.append({"seed": seed, "goodput_per_instance":
                      met["num_met"] / windows[seed] / candidate.instances,
@@ -112,6 +113,15 @@ def verdict(best: dict, other: dict) -> str:
         best["goodput_per_instance"], other["goodput_per_instance"])]
 
 
+def sampling_of(args: argparse.Namespace) -> dict:
+    """The real requests' sampling: `--sampled` sends what most users send
+    (simulator.validate.SAMPLED); the simulator prices a sampled row as a greedy one, so a
+    sampled check also tests that."""
+    from simulator.validate import SAMPLED
+
+    return dict(SAMPLED) if args.sampled else {}
+
+
 def earlier_run(args: argparse.Namespace) -> dict | None:
     """A check's earlier result (`--real-from`), whose real runs are simulated again under
     another profile; it must describe the same requests and SLOs."""
@@ -119,9 +129,10 @@ def earlier_run(args: argparse.Namespace) -> dict | None:
         return None
     earlier = json.loads(args.real_from.read_text())
     asked = {"workload": args.workload, "num_requests": args.num_requests,
+             "sampling": sampling_of(args) or None,
              "seeds": [int(s) for s in args.seeds.split(",")], "instances": args.instances,
              "slo": asdict(Slo(args.slo_ttft, args.slo_tbt))}
-    differ = [key for key, value in asked.items() if earlier[key] != value]
+    differ = [key for key, value in asked.items() if earlier.get(key) != value]
     if differ:
         raise ConfigError(f"{args.real_from} differs in {', '.join(differ)}")
     return earlier
@@ -153,12 +164,14 @@ def check(args: argparse.Namespace) -> dict:
     real = earlier["real"] if earlier else [
         real_goodput(by_label[row["candidate"]], workloads, {
             seed: arrival_window(requests) for seed, requests in simulated_requests.items()},
-            slo, record_cache_dir(args.cache_dir, args.profile), args.out / "logs")
+            slo, record_cache_dir(args.cache_dir, args.profile), args.out / "logs",
+            sampling_of(args))
         for row in simulated[:2]]
     pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
     return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
             else args.load, "num_requests": args.num_requests, "seeds": seeds,
             "instances": args.instances, "cores": cores, "slo": asdict(slo), "profile": profile,
+            "sampling": sampling_of(args) or None,
             "real_from": str(args.real_from) if earlier else None,
             "flags": {c.label: candidate_flags(c) for c in found},
             "simulated": simulated, "real": real,
@@ -191,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--real-from", type=Path, default=None, metavar="FILE",
                         help="an earlier check's JSON: simulate again (e.g. under another "
                              "profile) against its real runs instead of running them again")
+    parser.add_argument("--sampled", action="store_true",
+                        help="the real requests sample at temperature 0.7, top_p 0.95 "
+                             "instead of greedy; the output file's name ends in -sampled")
     parser.add_argument("--simulate-only", action="store_true",
                         help="print the simulated ranking and stop (nothing runs for real)")
     args = parser.parse_args(argv)
@@ -204,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['ttft_p99_s']:.2f} s, TBT p99 {row['tbt_p99_s'] * 1e3:.0f} ms")
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{args.workload}-{args.instances}.json"
+    suffix = "-sampled" if args.sampled else ""
+    path = args.out / f"{args.workload}-{args.instances}{suffix}.json"
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"{args.workload} at {result['rate']:.3f} req/s: recommended {result['recommended']}, "
           f"next {result['next_best']}; of {' vs '.join(result['ran_for_real'])}: simulated "

@@ -55,7 +55,8 @@ def test_an_earlier_run_must_describe_the_same_requests_and_slos(tmp_path):
     from simulator.plan_check import earlier_run
 
     args = argparse.Namespace(workload="LPLD", num_requests=32, seeds="0,1", instances=2,
-                              slo_ttft=1.0, slo_tbt=0.2, real_from=tmp_path / "LPLD-2.json")
+                              slo_ttft=1.0, slo_tbt=0.2, real_from=tmp_path / "LPLD-2.json",
+                              sampled=False)
     stored = {"workload": "LPLD", "num_requests": 32, "seeds": [0, 1], "instances": 2,
               "slo": {"ttft_s": 1.0, "tbt_s": 0.2, "tbt_percentile": 99.0,
                       "ttft_per_prompt_token_s": 0.0}, "rate": 0.7, "real": []}
@@ -64,9 +65,20 @@ def test_an_earlier_run_must_describe_the_same_requests_and_slos(tmp_path):
     args.real_from.write_text(json.dumps({**stored, "num_requests": 40, "seeds": [0]}))
     with pytest.raises(ConfigError, match="num_requests, seeds"):
         earlier_run(args)
+    # a greedy check's real runs are not a sampled check's, nor the other way round
+    args.real_from.write_text(json.dumps(stored))
+    with pytest.raises(ConfigError, match="sampling"):
+        earlier_run(argparse.Namespace(**{**vars(args), "sampled": True}))
+    args.real_from.write_text(json.dumps({**stored, "sampling": {"temperature": 0.7,
+                                                                 "top_p": 0.95}}))
+    assert earlier_run(argparse.Namespace(**{**vars(args), "sampled": True}))["rate"] == 0.7
+    with pytest.raises(ConfigError, match="sampling"):
+        earlier_run(args)
 
 
-def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_the_real_runs_read_the_record_the_plan_was_simulated_on(sampled, tmp_path,
+                                                                  monkeypatch):
     import simulator.plan_check as pc
     import simulator.validate as v
     from common.engine.profile import recorded_chunk_size
@@ -80,8 +92,8 @@ def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monke
     class Seen(Exception):
         """The first real run's cache directory is all this test needs."""
 
-    def real_goodput(candidate, workloads, windows, slo, cache_dir, log_dir):
-        seen.append(cache_dir)
+    def real_goodput(candidate, workloads, windows, slo, cache_dir, log_dir, sampling):
+        seen.append((cache_dir, sampling))
         raise Seen
 
     monkeypatch.setattr(pc, "real_goodput", real_goodput)
@@ -89,9 +101,11 @@ def test_the_real_runs_read_the_record_the_plan_was_simulated_on(tmp_path, monke
     (tmp_path / "cache" / "profile.json").write_text('{"recommended_chunk_size": 512}')
     with pytest.raises(Seen):
         pc.main(["--profile", str(RECORD), "--cache-dir", str(tmp_path / "cache"),
-                 "--rate", "1.0", "--out", str(tmp_path / "out")])
-    assert recorded_chunk_size(seen[0]) == json.loads(RECORD.read_text())[
+                 "--rate", "1.0", "--out", str(tmp_path / "out")]
+                + (["--sampled"] if sampled else []))
+    assert recorded_chunk_size(seen[0][0]) == json.loads(RECORD.read_text())[
         "recommended_chunk_size"]
+    assert seen[0][1] == ({"temperature": 0.7, "top_p": 0.95} if sampled else {})
 
 
 @pytest.mark.parametrize("budget", [2, 3])
