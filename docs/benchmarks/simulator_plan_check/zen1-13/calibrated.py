@@ -6,7 +6,8 @@ every candidate run for real simulated again with them. For the other candidate 
 held out (another layout's runs); for the calibrating one it is its own. Needs the runs' forward
 logs (logs/, not in git).
 
-    python docs/benchmarks/simulator_plan_check/zen1-13/calibrated.py FILE.json CANDIDATE
+    python docs/benchmarks/simulator_plan_check/zen1-13/calibrated.py FILE.json CANDIDATE \
+        [PROFILE CACHE_DIR]      # another session's checks: their profile and cache directory
 """
 import json
 import statistics
@@ -32,9 +33,10 @@ def measured_speed(real: dict, costs) -> dict:
     return {**from_forwards(lines, costs, cores=CORES), **path_charges(runs[0], logs[0])}
 
 
-def main(path: str, calibrate_on: str) -> None:
+def main(path: str, calibrate_on: str, profile: str = PROFILE,
+         cache_dir: str = "results/vc13") -> None:
     result = json.load(open(path))
-    costs, _ = profile_for(load_profiles([PROFILE]), 1)
+    costs, _ = profile_for(load_profiles([profile]), 1)
     real = {r["candidate"]: r for r in result["real"]}
     speed = measured_speed(real[calibrate_on], costs)
     print(f"{result['workload']}: speed from {calibrate_on}'s runs: k decode "
@@ -50,7 +52,7 @@ def main(path: str, calibrate_on: str) -> None:
         candidate = Candidate(**next(s["layout"] for s in result["simulated"]
                                      if s["candidate"] == name))
         layout = replace(flags_layout(candidate_flags(candidate) + sharing_flags(candidate, CORES),
-                                      "results/vc13"), **charges(speed))
+                                      cache_dir), **charges(speed))
         sim = [run_one(candidate, scaled(costs, speed), requests[seed], seed, [slo],
                        lambda _: layout)["goodput_per_instance"][0] for seed in result["seeds"]]
         got = row["goodput_per_instance"]["per_seed"]
@@ -61,4 +63,4 @@ def main(path: str, calibrate_on: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:5])

@@ -8,6 +8,8 @@ time-weighted over its forward, rounded): with more instance processes than core
 shares its core. Needs the runs' forward logs (logs/, not in git).
 
     python docs/benchmarks/simulator_validation/zen2-12/contention.py CASE.json ...
+
+Priced with this directory's profile, or with `--profile FILE` first (another session's cases).
 """
 import bisect
 import json
@@ -84,8 +86,12 @@ def table(lines: list[dict], costs, count, edges=EDGES) -> list[str]:
 
 
 def main() -> None:
-    costs, _ = profile_for(load_profiles([str(X / "profile-threads1/profile.json")]), 1)
-    for path in map(Path, sys.argv[1:]):
+    args = sys.argv[1:]
+    profile = str(X / "profile-threads1/profile.json")
+    if args[:1] == ["--profile"]:
+        profile, args = args[1], args[2:]
+    costs, _ = profile_for(load_profiles([profile]), 1)
+    for path in map(Path, args):
         case = json.loads(path.read_text())
         logs = run_logs(case["real"])
         if logs is None:
