@@ -153,7 +153,7 @@ def check(args: argparse.Namespace) -> dict:
                  for seed in seeds}
     simulated_requests = {seed: from_bench(*pair, bench_tokenizer())
                           for seed, pair in workloads.items()}
-    slo = Slo(args.slo_ttft, args.slo_tbt)
+    slo, sampling = Slo(args.slo_ttft, args.slo_tbt), sampling_of(args)
     found = candidates(args.instances, [float(f) for f in args.prefill_fractions.split(",")],
                        args.policies.split(","), chunk_sizes=[None])
     cores = machine_cores()
@@ -164,14 +164,13 @@ def check(args: argparse.Namespace) -> dict:
     real = earlier["real"] if earlier else [
         real_goodput(by_label[row["candidate"]], workloads, {
             seed: arrival_window(requests) for seed, requests in simulated_requests.items()},
-            slo, record_cache_dir(args.cache_dir, args.profile), args.out / "logs",
-            sampling_of(args))
+            slo, record_cache_dir(args.cache_dir, args.profile), args.out / "logs", sampling)
         for row in simulated[:2]]
     pair = [next(row for row in simulated if row["candidate"] == r["candidate"]) for r in real]
     return {"workload": args.workload, "rate": rate, "load": None if earlier or args.rate
             else args.load, "num_requests": args.num_requests, "seeds": seeds,
             "instances": args.instances, "cores": cores, "slo": asdict(slo), "profile": profile,
-            "sampling": sampling_of(args) or None,
+            "sampling": sampling or None,
             "real_from": str(args.real_from) if earlier else None,
             "flags": {c.label: candidate_flags(c) for c in found},
             "simulated": simulated, "real": real,
